@@ -264,10 +264,14 @@ class DFlashDrafter(nn.Module):
         padded = PaddedContext.from_contexts(
             contexts, len(self.layers), self.config.num_key_value_heads, self.config.head_dim, weight.dtype, weight.device
         )
+        return self.forward_padded(block_embeddings, positions, padded)
+
+    def forward_padded(self, block_embeddings: torch.Tensor, positions: torch.Tensor, context: "PaddedContext"):
+        """The same pass over an already gathered context (e.g. read from a paged KV pool)."""
         cos, sin = self.rotary(positions)
-        hidden = block_embeddings.to(weight.dtype)
+        hidden = block_embeddings.to(self.fc.weight.dtype)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, positions, padded)
+            hidden = layer(hidden, cos, sin, positions, context)
         return self.norm(hidden)
 
     def logits(self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,114 @@
+"""Entry point (group `sglang.srt.plugins`): our worker serves `--speculative-algorithm DFLASH`.
+
+Runs in every SGLang process (launcher, scheduler, detokenizer), so it only registers hooks;
+heavy imports happen when a hook fires. Switches (environment):
+  SGLANG_DFLASH_IMPL=ours|builtin     which worker serves DFLASH (default: ours)
+  SGLANG_ENABLE_DFLASH_SPEC_V2=1|0    force the overlapped (1) or synchronous (0) schedule;
+                                      unset follows --disable-overlap-schedule
+On a CPU (SGLANG_USE_CPU_ENGINE=1) it also lifts SGLang's CUDA-only gate for DFLASH and gives the
+torch_native backend the TARGET_VERIFY path; SGLang's builtin worker additionally needs the
+patches in `builtin_cpu_compat`, which are loaded only for the builtin on a CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SGLANG = "0.5.23"
+IMPL_VARIABLE = "SGLANG_DFLASH_IMPL"
+SCHEDULE_VARIABLE = "SGLANG_ENABLE_DFLASH_SPEC_V2"
+
+
+def implementation() -> str:
+    impl = os.environ.get(IMPL_VARIABLE, "ours").strip().lower() or "ours"
+    if impl not in ("ours", "builtin"):
+        raise ValueError(f"{IMPL_VARIABLE} must be 'ours' or 'builtin', got {impl!r}")
+    return impl
+
+
+def on_cpu_engine() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE", "").strip().lower() in ("1", "true", "yes")
+
+
+def register() -> None:
+    """Called by SGLang's plugin loader with no arguments in every process."""
+    from sglang.version import __version__ as sglang_version
+
+    if sglang_version != SUPPORTED_SGLANG:
+        logger.warning("sglang-dflash supports sglang==%s only; found %s, plugin inactive", SUPPORTED_SGLANG, sglang_version)
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    impl = implementation()
+    HookRegistry.register(
+        "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _create_worker, HookType.AROUND
+    )
+    HookRegistry.register("sglang.srt.arg_groups.speculative_hook._handle_dflash", _handle_dflash, HookType.AROUND)
+    if on_cpu_engine():
+        from .cpu import verify_attention
+
+        verify_attention.register(HookRegistry, HookType)
+        if impl == "builtin":
+            from . import builtin_cpu_compat
+
+            builtin_cpu_compat.register(HookRegistry, HookType)
+
+
+def _create_worker(original, algorithm, *args, **kwargs):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    if algorithm is SpeculativeAlgorithm.DFLASH and implementation() == "ours":
+        from .worker import DFlashWorker
+
+        return DFlashWorker
+    return original(algorithm, *args, **kwargs)
+
+
+class _DflashCapablePlatform:
+    """The current platform, except that it declares DFLASH support (CPU runs only)."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm == "DFLASH" or self._platform.supports_speculative_algorithm(algorithm)
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
+def _handle_dflash(original, server_args, *args, **kwargs):
+    import sglang.srt.arg_groups.speculative_hook as policy
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    if str(server_args.device).startswith("cpu"):
+        real_platform = policy.current_platform
+        policy.current_platform = _DflashCapablePlatform(real_platform)
+        try:
+            original(server_args, *args, **kwargs)
+        finally:
+            policy.current_platform = real_platform
+    else:
+        original(server_args, *args, **kwargs)
+    if implementation() == "ours":
+        _check_block_size(server_args)
+    schedule = os.environ.get(SCHEDULE_VARIABLE)
+    if schedule is not None and schedule.strip() != "":
+        overlapped = schedule.strip().lower() in ("1", "true", "yes")
+        declare_resolution(server_args, "sglang_dflash", disable_overlap_schedule=not overlapped)
+        logger.info("sglang-dflash: %s schedule forced by %s=%s", "overlapped" if overlapped else "synchronous",
+                    SCHEDULE_VARIABLE, schedule)
+
+
+def _check_block_size(server_args) -> None:
+    """--speculative-num-draft-tokens is the block size: fail at start-up, in the launcher, if it cannot work."""
+    from ..config import DFlashConfig
+
+    config = DFlashConfig.from_pretrained(server_args.speculative_draft_model_path)
+    config.check_block_size(int(server_args.speculative_num_draft_tokens))
