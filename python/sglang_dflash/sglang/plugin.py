@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_SGLANG = "0.5.23"
 IMPL_VARIABLE = "SGLANG_DFLASH_IMPL"
 SCHEDULE_VARIABLE = "SGLANG_ENABLE_DFLASH_SPEC_V2"
+CPU_DRAFT_BACKENDS = ("torch_native", "intel_amx")
 
 
 def implementation() -> str:
@@ -78,6 +79,12 @@ class _DflashCapablePlatform:
 
     def supports_speculative_algorithm(self, algorithm: str) -> bool:
         return algorithm == "DFLASH" or self._platform.supports_speculative_algorithm(algorithm)
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        return algorithm == "DFLASH" and backend in CPU_DRAFT_BACKENDS
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return CPU_DRAFT_BACKENDS[0]
 
     def __getattr__(self, name):
         return getattr(self._platform, name)

@@ -170,7 +170,9 @@ class DFlashWorker(BaseSpecWorker):
         batch.out_cache_loc = block_slots.reshape(-1)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         runner = self.target_worker.model_runner
-        forward_batch = ForwardBatch.init_new(batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL)
+        forward_batch = ForwardBatch.init_new(
+            batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL, return_hidden_states_before_norm=False
+        )
         runner.attn_backend.init_forward_metadata(forward_batch)
         output = self.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
         logits_output = output.logits_output
