@@ -66,15 +66,33 @@ def tiny_target_config(family: str, vocab_size: int = 512, num_layers: int = 4, 
     raise ValueError(f"unknown target family {family!r}; choose from {TARGET_FAMILIES}")
 
 
-def make_random_target(family: str, out_dir: str | Path, seed: int = 0, **config_overrides) -> Path:
-    """Write a random target of `family` to out_dir (config.json + model.safetensors)."""
-    from transformers import AutoModelForCausalLM
+def make_random_target(
+    family: str, out_dir: str | Path, seed: int = 0, tokenizer_from: str | Path | None = None, **config_overrides
+) -> Path:
+    """Write a random target of `family` to out_dir (config.json + model.safetensors).
 
+    With `tokenizer_from` (a model directory) the target borrows that tokenizer and chat template
+    and takes its vocabulary size, so a real server can serve it.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = None
+    if tokenizer_from is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_from))
+        config_overrides = {
+            "vocab_size": len(tokenizer),
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **config_overrides,
+        }
     config = tiny_target_config(family, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
@@ -117,7 +135,7 @@ def make_random_drafter(
         intermediate_size=intermediate_size or 2 * hidden_size,
         rms_norm_eps=1e-6,
         num_target_layers=num_target_layers,
-        target_layer_ids=target_layer_ids or default_target_layer_ids(num_target_layers, num_layers),
+        target_layer_ids=target_layer_ids or _spread_layer_ids(num_target_layers, num_layers),
         block_size=block_size,
         mask_token_id=vocab_size - 1 if mask_token_id is None else mask_token_id,
         layer_types=layer_types,
@@ -134,6 +152,15 @@ def make_random_drafter(
     if shards > 1:
         _reshard(out_dir, shards)
     return out_dir
+
+
+def _spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """The published layer choice, or evenly spread distinct layers where it collides (tiny targets)."""
+    ids = default_target_layer_ids(num_target_layers, count)
+    if len(set(ids)) == len(ids):
+        return ids
+    step = num_target_layers / count
+    return sorted({min(num_target_layers - 1, int(step * i + step / 2)) for i in range(count)})
 
 
 def _reshard(out_dir: Path, shards: int) -> None:
@@ -163,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     target.add_argument("--family", choices=TARGET_FAMILIES, required=True)
     target.add_argument("--out", required=True)
     target.add_argument("--seed", type=int, default=0)
+    target.add_argument("--tokenizer-from", default=None, help="borrow this model's tokenizer (`smollm2` allowed)")
     drafter = kinds.add_parser("drafter", help="a random drafter shaped for a target")
     drafter.add_argument("--target", required=True, help="target directory, .gguf file or `smollm2`")
     drafter.add_argument("--out", required=True)
@@ -172,7 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     drafter.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.kind == "target":
-        print(make_random_target(args.family, args.out, seed=args.seed))
+        tokenizer_from = args.tokenizer_from
+        if tokenizer_from == "smollm2":
+            from .targets import smollm2_hf_dir
+
+            tokenizer_from = smollm2_hf_dir()
+        print(make_random_target(args.family, args.out, seed=args.seed, tokenizer_from=tokenizer_from))
         return
     hidden, layers, vocab = _target_shape(args.target)
     heads = max(1, hidden // 64)

@@ -1,0 +1,1 @@
+"""Everything that touches SGLang internals lives under this package."""
