@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
 import pytest
 import torch
 
@@ -9,6 +12,9 @@ from sglang_dflash.random_checkpoints import make_random_drafter, make_random_ta
 from sglang_dflash.targets import TargetModel
 
 torch.set_num_threads(2)
+
+# A terminated test run still leaves through its fixtures, so no server outlives it.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 @pytest.fixture(scope="session")

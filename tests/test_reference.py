@@ -134,12 +134,12 @@ def test_mismatched_pairs_are_refused(checkpoints):
     wrong_layers = DFlashDrafter.from_pretrained(
         checkpoints.drafter(hidden_size=64, num_target_layers=6, vocab_size=512, target_layer_ids=[1])
     )
-    with pytest.raises(ValueError, match="6-layer target"):
+    with pytest.raises(ValueError, match="trained on 6 target layers, target has 4"):
         ReferenceDecoder(target, wrong_layers)
     wrong_hidden = DFlashDrafter.from_pretrained(
         checkpoints.drafter(hidden_size=32, num_target_layers=4, vocab_size=512, target_layer_ids=[1], head_dim=8)
     )
-    with pytest.raises(ValueError, match="hidden size 32"):
+    with pytest.raises(ValueError, match="hidden size 32 != target 64"):
         ReferenceDecoder(target, wrong_hidden)
     _, drafter = _pair(checkpoints, "qwen3")
     with pytest.raises(ValueError, match="trained block size"):

@@ -198,6 +198,20 @@ class DFlashConfig:
         if SLIDING_ATTENTION in self.layer_types:
             check_window_covers_block(self.sliding_window, block_size)
 
+    def check_target(self, hidden_size: int, num_layers: int, vocab_size: int, target_name: str = "the target") -> None:
+        """Refuse a target this drafter cannot serve, naming every mismatch at once."""
+        problems = []
+        if self.hidden_size != hidden_size:
+            problems.append(f"hidden size {self.hidden_size} != target {hidden_size}")
+        if self.num_target_layers != num_layers:
+            problems.append(f"trained on {self.num_target_layers} target layers, target has {num_layers}")
+        if self.vocab_size is not None and self.vocab_size != vocab_size:
+            problems.append(f"vocabulary {self.vocab_size} != target {vocab_size}")
+        if self.mask_token_id >= vocab_size:
+            problems.append(f"mask token {self.mask_token_id} is outside the target vocabulary ({vocab_size})")
+        if problems:
+            raise DFlashConfigError("drafter/target", f"the drafter does not fit {target_name}: " + "; ".join(problems))
+
     def to_dict(self) -> dict[str, Any]:
         """The z-lab `config.json` layout (what `from_dict` reads back)."""
         out = {

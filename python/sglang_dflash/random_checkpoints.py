@@ -155,12 +155,18 @@ def make_random_drafter(
 
 
 def _spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
-    """The published layer choice, or evenly spread distinct layers where it collides (tiny targets)."""
+    """The published layer choice, or distinct layers spread over 1..L-2 where it collides (tiny targets).
+
+    The last layer is avoided: SGLang's Qwen3 cannot capture it.
+    """
     ids = default_target_layer_ids(num_target_layers, count)
     if len(set(ids)) == len(ids):
         return ids
-    step = num_target_layers / count
-    return sorted({min(num_target_layers - 1, int(step * i + step / 2)) for i in range(count)})
+    inner = list(range(1, max(2, num_target_layers - 1)))
+    picked = sorted({inner[round(i * (len(inner) - 1) / max(1, count - 1))] for i in range(count)})
+    if len(picked) < count:
+        raise ValueError(f"cannot pick {count} distinct layers of a {num_target_layers}-layer target")
+    return picked
 
 
 def _reshard(out_dir: Path, shards: int) -> None:

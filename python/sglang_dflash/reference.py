@@ -83,15 +83,7 @@ class ReferenceDecoder:
     ):
         self.block_size = block_size or drafter.block_size
         drafter.config.check_block_size(self.block_size)
-        if drafter.config.num_target_layers != target.num_layers:
-            raise ValueError(
-                f"drafter was trained on a {drafter.config.num_target_layers}-layer target, "
-                f"this target has {target.num_layers} layers"
-            )
-        if drafter.config.hidden_size != target.hidden_size:
-            raise ValueError(f"drafter hidden size {drafter.config.hidden_size} != target {target.hidden_size}")
-        if drafter.mask_token_id >= target.vocab_size:
-            raise ValueError(f"mask token {drafter.mask_token_id} is outside the target vocabulary")
+        drafter.config.check_target(target.hidden_size, target.num_layers, target.vocab_size)
         target.capture_layers(drafter.config.target_layer_ids)
         self.target, self.drafter, self.verify_fn = target, drafter, verify_fn
 

@@ -40,6 +40,13 @@ class DraftRunner:
         """Turn target features of committed tokens into draft context K/V at their KV slots."""
         if slots.numel() == 0:
             return
+        expected = self.drafter.config.num_context_features
+        if target_features.shape[-1] != expected:
+            raise RuntimeError(
+                f"the target captured hidden states of width {target_features.shape[-1]}, the drafter reads "
+                f"{expected} (layers {self.drafter.config.target_layer_ids}); this SGLang model cannot "
+                "capture every requested layer (Qwen3, for one, cannot capture its last layer)"
+            )
         for layer, (k, v) in enumerate(self.drafter.context_keys_values(target_features, positions)):
             self.keys[layer][slots] = k.to(self.keys[layer].dtype)
             self.values[layer][slots] = v.to(self.values[layer].dtype)

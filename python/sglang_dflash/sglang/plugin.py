@@ -104,7 +104,7 @@ def _handle_dflash(original, server_args, *args, **kwargs):
     else:
         original(server_args, *args, **kwargs)
     if implementation() == "ours":
-        _check_block_size(server_args)
+        _check_drafter(server_args)
     schedule = os.environ.get(SCHEDULE_VARIABLE)
     if schedule is not None and schedule.strip() != "":
         overlapped = schedule.strip().lower() in ("1", "true", "yes")
@@ -113,9 +113,18 @@ def _handle_dflash(original, server_args, *args, **kwargs):
                     SCHEDULE_VARIABLE, schedule)
 
 
-def _check_block_size(server_args) -> None:
-    """--speculative-num-draft-tokens is the block size: fail at start-up, in the launcher, if it cannot work."""
+def _check_drafter(server_args) -> None:
+    """Fail at start-up, in the launcher, on a block size or a drafter that cannot work.
+
+    --speculative-num-draft-tokens is the block size; the drafter must fit the target's hidden
+    size, layer count and vocabulary. The scheduler's worker checks again on the loaded models.
+    """
+    from transformers import AutoConfig
+
     from ..config import DFlashConfig
 
     config = DFlashConfig.from_pretrained(server_args.speculative_draft_model_path)
     config.check_block_size(int(server_args.speculative_num_draft_tokens))
+    target = AutoConfig.from_pretrained(server_args.model_path, trust_remote_code=server_args.trust_remote_code)
+    text = target.get_text_config()
+    config.check_target(text.hidden_size, text.num_hidden_layers, text.vocab_size, server_args.model_path)

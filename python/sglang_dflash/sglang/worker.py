@@ -180,13 +180,13 @@ class DFlashWorker(BaseSpecWorker):
 
 
 def sampling_tensors(sampling_info, bs: int, device):
-    """Per-request temperature / top-p / top-k; SGLang marks greedy requests with top_k == 1."""
+    """Per-request temperature / top-p / top-k; SGLang marks greedy requests with top_k <= 1."""
     if sampling_info is None or sampling_info.is_all_greedy:
         zeros = torch.zeros(bs, device=device)
         return zeros, torch.ones(bs, device=device), torch.zeros(bs, dtype=torch.int64, device=device)
     top_k = sampling_info.top_ks.view(-1).to(torch.int64)
     temperature = sampling_info.temperatures.view(-1).float()
-    temperature = torch.where(top_k == 1, torch.zeros_like(temperature), temperature)
+    temperature = torch.where(top_k <= 1, torch.zeros_like(temperature), temperature)
     vocab_wide = top_k >= (1 << 30)  # SGLang encodes "no top-k" as a huge k
     return temperature, sampling_info.top_ps.view(-1).float(), torch.where(vocab_wide, 0, top_k)
 
@@ -195,21 +195,11 @@ def load_checked_drafter(path, target_worker, block_size: int) -> DFlashDrafter:
     """Load our drafter and refuse, with a clear message, any pairing that cannot work."""
     if not path or not os.path.isdir(path):
         raise DFlashStartupError(f"--speculative-draft-model-path {path!r} is not a drafter directory")
-    config = target_worker.model_runner.model_config
-    dtype = target_worker.model_runner.model_config.dtype
-    drafter = DFlashDrafter.from_pretrained(path, dtype=dtype, device=target_worker.model_runner.device)
-    draft = drafter.config
-    draft.check_block_size(block_size)
-    hf = config.hf_text_config
-    problems = []
-    if draft.hidden_size != hf.hidden_size:
-        problems.append(f"hidden size {draft.hidden_size} != target {hf.hidden_size}")
-    if draft.num_target_layers != hf.num_hidden_layers:
-        problems.append(f"trained on {draft.num_target_layers} target layers, target has {hf.num_hidden_layers}")
-    if draft.vocab_size is not None and draft.vocab_size != config.vocab_size:
-        problems.append(f"vocabulary {draft.vocab_size} != target {config.vocab_size}")
-    if draft.mask_token_id >= config.vocab_size:
-        problems.append(f"mask token {draft.mask_token_id} outside the target vocabulary ({config.vocab_size})")
-    if problems:
-        raise DFlashStartupError(f"drafter {path} does not fit target {config.model_path}: " + "; ".join(problems))
+    runner = target_worker.model_runner
+    drafter = DFlashDrafter.from_pretrained(path, dtype=runner.model_config.dtype, device=runner.device)
+    drafter.config.check_block_size(block_size)
+    text_config = runner.model_config.hf_text_config
+    drafter.config.check_target(
+        text_config.hidden_size, text_config.num_hidden_layers, runner.model_config.vocab_size, runner.model_config.model_path
+    )
     return drafter
