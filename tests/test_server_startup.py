@@ -35,13 +35,13 @@ def test_block_size_larger_than_trained_is_refused(tmp_path):
 
 
 def test_missing_drafter_is_refused(tmp_path):
-    _start_fails(tmp_path / "no-such-drafter", 8, tmp_path, "no drafter config.json")
+    _start_fails(tmp_path / "no-such-drafter", 8, tmp_path, "no drafter directory there")
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(hidden_size=512, num_heads=8), "hidden size 512 != target 576"),
+        (dict(hidden_size=512, num_heads=8, num_kv_heads=2), "hidden size 512 != target 576"),
         (dict(num_target_layers=24), "trained on 24 target layers, target has 30"),
         (dict(vocab_size=32000, mask_token_id=5), "vocabulary 32000 != target 49152"),
     ],

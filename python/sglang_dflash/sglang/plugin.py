@@ -47,6 +47,9 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _create_worker, HookType.AROUND
     )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", _check_drafter_path, HookType.AROUND
+    )
     HookRegistry.register("sglang.srt.arg_groups.speculative_hook._handle_dflash", _handle_dflash, HookType.AROUND)
     if on_cpu_engine():
         from .cpu import verify_attention
@@ -111,6 +114,18 @@ def _handle_dflash(original, server_args, *args, **kwargs):
         declare_resolution(server_args, "sglang_dflash", disable_overlap_schedule=not overlapped)
         logger.info("sglang-dflash: %s schedule forced by %s=%s", "overlapped" if overlapped else "synchronous",
                     SCHEDULE_VARIABLE, schedule)
+
+
+def _check_drafter_path(original, server_args, *args, **kwargs):
+    """Before SGLang reads it as a hub id: our worker loads drafters from local directories."""
+    algorithm = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
+    path = getattr(server_args, "speculative_draft_model_path", None)
+    if algorithm == "DFLASH" and implementation() == "ours" and path and not os.path.isdir(path):
+        raise ValueError(
+            f"--speculative-draft-model-path {path!r}: no drafter directory there (sglang-dflash loads the "
+            "drafter from a local directory holding config.json and safetensors weights)"
+        )
+    return original(server_args, *args, **kwargs)
 
 
 def _check_drafter(server_args) -> None:
