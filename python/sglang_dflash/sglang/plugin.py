@@ -51,6 +51,10 @@ def register() -> None:
         "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", _check_drafter_path, HookType.AROUND
     )
     HookRegistry.register("sglang.srt.arg_groups.speculative_hook._handle_dflash", _handle_dflash, HookType.AROUND)
+    if impl == "ours":
+        HookRegistry.register(
+            "sglang.srt.speculative.dflash_utils.validate_dflash_request", _refuse_unsupported_request, HookType.AROUND
+        )
     if on_cpu_engine():
         from .cpu import verify_attention
 
@@ -114,6 +118,33 @@ def _handle_dflash(original, server_args, *args, **kwargs):
         declare_resolution(server_args, "sglang_dflash", disable_overlap_schedule=not overlapped)
         logger.info("sglang-dflash: %s schedule forced by %s=%s", "overlapped" if overlapped else "synchronous",
                     SCHEDULE_VARIABLE, schedule)
+
+
+def unsupported_request_features(req) -> list[str]:
+    """What a request asks for that our verify step does not apply yet (so it would be silently wrong)."""
+    params = req.sampling_params
+    wanted = {
+        "log-probabilities (return_logprob)": req.return_logprob,
+        "min_p": (params.min_p or 0.0) > 0.0,
+        "frequency/presence/repetition penalties": (params.frequency_penalty or 0.0) != 0.0
+        or (params.presence_penalty or 0.0) != 0.0
+        or (params.repetition_penalty or 1.0) != 1.0,
+        "min_new_tokens": (params.min_new_tokens or 0) > 0,
+        "logit_bias": bool(getattr(params, "logit_bias", None)),
+        "constrained decoding (json_schema/regex/ebnf/structural_tag)": any(
+            getattr(params, name, None) for name in ("json_schema", "regex", "ebnf", "structural_tag")
+        ),
+        "custom logit processors": getattr(req, "custom_logit_processor", None) is not None,
+    }
+    return [name for name, asked in wanted.items() if asked]
+
+
+def _refuse_unsupported_request(original, req, *args, **kwargs):
+    """A clean per-request error instead of an answer that ignores part of the request."""
+    error = original(req, *args, **kwargs)
+    if error is None and (missing := unsupported_request_features(req)):
+        error = f"DFLASH with sglang-dflash's worker does not support {', '.join(missing)} yet"
+    return error
 
 
 def _check_drafter_path(original, server_args, *args, **kwargs):
