@@ -173,7 +173,7 @@ class DFlashWorker(BaseSpecWorker):
         forward_batch = ForwardBatch.init_new(
             batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL, return_hidden_states_before_norm=False
         )
-        runner.attn_backend.init_forward_metadata(forward_batch)
+        # Attention metadata is planned by the model runner (the batch is not marked pre-planned).
         output = self.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
         logits_output = output.logits_output
         return logits_output.next_token_logits.float(), logits_output.hidden_states
