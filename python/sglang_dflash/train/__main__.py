@@ -1,0 +1,63 @@
+"""python -m sglang_dflash.train: prepare data, fit a drafter, or both (every stage resumes after a kill).
+
+  prepare  generate the target's answers to our prompts and cache its features (data/ under --run-dir)
+  fit      train the drafter on the cached features (checkpoints/ and drafter/ under --run-dir)
+  all      prepare, then fit
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sglang_dflash.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=["prepare", "fit", "all"])
+    parser.add_argument("--target", default="smollm2", help="target directory, .gguf file or `smollm2`")
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/smollm2-drafter"))
+    data = parser.add_argument_group("prepare")
+    data.add_argument("--num-prompts", type=int, default=2400)
+    data.add_argument("--shard-size", type=int, default=48, help="prompts per generation batch and shard")
+    data.add_argument("--max-new-tokens", type=int, default=320)
+    data.add_argument("--data-dtype", choices=DTYPES, default="bfloat16", help="target dtype for data and features")
+    data.add_argument("--data-time-budget", type=float, default=None, help="stop preparing after this many seconds")
+    data.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def run_prepare(args) -> int:
+    from ..targets import TargetModel, load_tokenizer
+    from .data import prepare
+    from .prompts import training_prompts
+    from .recipe import drafter_config_for
+
+    target = TargetModel.from_pretrained(args.target, dtype=DTYPES[args.data_dtype])
+    config = drafter_config_for(target)
+    prompts = training_prompts(args.num_prompts, seed=args.seed)
+    done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,
+                   args.shard_size, args.max_new_tokens, args.data_time_budget)
+    print(f"{done} data shards ready under {args.run_dir / 'data'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.manual_seed(args.seed)
+    if args.stage in ("prepare", "all"):
+        run_prepare(args)
+    if args.stage in ("fit", "all"):
+        from .fit import run_fit
+
+        run_fit(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
