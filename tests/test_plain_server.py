@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servers import launch_server
+from sglang_dflash.launch import launch_server
 from sglang_dflash.reference import generate_autoregressive
 from sglang_dflash.targets import load_tokenizer, smollm2_hf_dir
 

@@ -17,7 +17,7 @@ import urllib.error
 
 import openai
 import pytest
-from servers import launch_server
+from sglang_dflash.launch import launch_server
 
 from sglang_dflash.random_checkpoints import make_random_drafter, make_random_target
 from sglang_dflash.targets import load_tokenizer, smollm2_hf_dir

@@ -7,7 +7,7 @@ cannot serve with the target must stop the server with a message naming the prob
 from __future__ import annotations
 
 import pytest
-from servers import ServerStartError, launch_server
+from sglang_dflash.launch import ServerStartError, launch_server
 
 from sglang_dflash.random_checkpoints import make_random_drafter
 from sglang_dflash.targets import load_tokenizer, smollm2_hf_dir

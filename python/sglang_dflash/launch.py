@@ -1,4 +1,4 @@
-"""Real SGLang servers on 127.0.0.1 for tests: `with launch_server(model) as server: ...`.
+"""Real SGLang servers on 127.0.0.1 (tests, `make demo`, benchmarks): `with launch_server(model) as server: ...`.
 
 The server runs SGLang 0.5.23's CPU engine with our pure-torch `sgl_kernel` stand-in first on
 PYTHONPATH, in its own process group, logging stdout and stderr to a file. It is ready when
@@ -167,7 +167,7 @@ def launch_server(
 
     `extra_args` are appended to the CPU flags (argparse: a later flag wins). `env` is merged
     over os.environ. The log is kept after exit (in `log_dir`, or a fresh temporary directory)
-    so a failing test can point at it.
+    so a failure can point at it.
     """
     port = port or free_port()
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang-server-"))
