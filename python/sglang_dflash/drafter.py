@@ -114,19 +114,24 @@ class DraftAttention(nn.Module):
 
     def forward(self, block, cos, sin, block_positions, context: "PaddedContext", layer_index: int):
         batch, block_len, _ = block.shape
-        queries = self.q_norm(self.q_proj(block).view(batch, block_len, self.num_heads, self.head_dim))
-        queries = apply_rotary(queries, cos, sin)
-        block_keys, block_values = self.keys_values(block, cos, sin)
-        keys = torch.cat([context.keys[layer_index], block_keys], dim=1)
-        values = torch.cat([context.values[layer_index], block_values], dim=1)
         key_positions = torch.cat([context.positions, block_positions], dim=1)
         visible = torch.cat([context.valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
-        visible = visible[:, None, :].expand(batch, block_len, keys.shape[1])
+        visible = visible[:, None, :].expand(batch, block_len, key_positions.shape[1])
         distance = block_positions[:, :, None] - key_positions[:, None, :]
         if self.window is not None:
             visible = visible & (distance.abs() < self.window)
         if self.causal:
             visible = visible & (distance >= 0)
+        return self.attend(block, cos, sin, context.keys[layer_index], context.values[layer_index], visible)
+
+    def attend(self, block, cos, sin, context_keys, context_values, visible):
+        """Queries of `block` [bs, Q, H] over keys/values [context ; block] where `visible` [bs, Q, C+Q] allows."""
+        batch, block_len, _ = block.shape
+        queries = self.q_norm(self.q_proj(block).view(batch, block_len, self.num_heads, self.head_dim))
+        queries = apply_rotary(queries, cos, sin)
+        block_keys, block_values = self.keys_values(block, cos, sin)
+        keys = torch.cat([context_keys, block_keys], dim=1)
+        values = torch.cat([context_values, block_values], dim=1)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys.transpose(1, 2),
@@ -168,6 +173,11 @@ class DraftLayer(nn.Module):
 
     def forward(self, hidden, cos, sin, positions, context: "PaddedContext"):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, positions, context, self.layer_index)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def forward_masked(self, hidden, cos, sin, context_keys, context_values, visible):
+        """The same layer with an explicit visibility mask (training packs many blocks per sequence)."""
+        hidden = hidden + self.self_attn.attend(self.input_layernorm(hidden), cos, sin, context_keys, context_values, visible)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

@@ -29,6 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-dtype", choices=DTYPES, default="bfloat16", help="target dtype for data and features")
     data.add_argument("--data-time-budget", type=float, default=None, help="stop preparing after this many seconds")
     data.add_argument("--seed", type=int, default=0)
+    fit = parser.add_argument_group("fit")
+    fit.add_argument("--steps", type=int, default=2000)
+    fit.add_argument("--sequences-per-step", type=int, default=8)
+    fit.add_argument("--anchors", type=int, default=16, help="anchor blocks per sequence and step")
+    fit.add_argument("--gamma", type=float, default=7.0, help="loss weight of block position k is exp(-(k-1)/gamma)")
+    fit.add_argument("--lr", type=float, default=6e-4)
+    fit.add_argument("--eval-every", type=int, default=100)
+    fit.add_argument("--fit-time-budget", type=float, default=None, help="stop fitting after this many seconds")
+    fit.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=True,
+                     help="start the draft layers from the target's top layers")
     return parser
 
 

@@ -1,0 +1,341 @@
+"""Block-diffusion training of a DFlash drafter on cached target features.
+
+One training example is an anchor position p of a target answer. The drafter sees the target
+features of tokens 0..p-1 as its context and the block [token p, MASK x (B-1)] at positions
+p..p+B-1, exactly as at decode time, and learns to predict the target's own tokens at p+1..p+B-1.
+Many anchors of one sequence are packed into one forward: every block attends to the context
+before its own anchor and to itself, never to another block. Position k of a block is weighted
+exp(-(k-1)/gamma): early positions decide the acceptance length most. The target's embedding
+and LM head are frozen and shared, as at inference.
+
+The held-out acceptance estimate is exact for greedy decoding on held-out target answers: at
+each anchor, 1 + the number of leading drafts equal to the target's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..drafter import DFlashDrafter
+from .data import FeatureSet
+
+CHECKPOINT = "last.pt"
+
+
+@dataclass
+class FitConfig:
+    steps: int = 2000
+    sequences_per_step: int = 8
+    anchors_per_sequence: int = 16
+    gamma: float = 7.0
+    lr: float = 6e-4
+    warmup_steps: int = 60
+    weight_decay: float = 0.01
+    max_context: int = 768
+    eval_every: int = 100
+    save_every: int = 25
+    heldout_fraction: float = 0.04
+    eval_anchors: int = 384
+    time_budget_s: float | None = None
+    autocast_bf16: bool = True
+    seed: int = 0
+
+
+@dataclass
+class PackedBatch:
+    features: torch.Tensor  # [S, T, F] target features of the context tokens
+    context_valid: torch.Tensor  # [S, T]
+    block_ids: torch.Tensor  # [S, A*B]
+    block_positions: torch.Tensor  # [S, A*B]
+    anchor_positions: torch.Tensor  # [S, A]
+    labels: torch.Tensor  # [S, A, B-1] the target's tokens at p+1..p+B-1
+    label_valid: torch.Tensor  # [S, A, B-1]
+
+
+def pack(data: FeatureSet, sequences: list[int], anchors: list[list[int]], block_size: int, mask_id: int) -> PackedBatch:
+    """Context features, blocks and labels for `anchors[i]` of sequence `sequences[i]` (all lists equally long)."""
+    longest = max(int(data.lengths[s]) for s in sequences)
+    num_anchors = len(anchors[0])
+    features = torch.zeros(len(sequences), longest, data.features.shape[1], dtype=data.features.dtype)
+    context_valid = torch.zeros(len(sequences), longest, dtype=torch.bool)
+    offsets = torch.arange(block_size)
+    anchor_positions = torch.tensor(anchors)
+    block_positions = (anchor_positions[:, :, None] + offsets).reshape(len(sequences), -1)
+    block_ids = torch.full(block_positions.shape, mask_id, dtype=torch.long)
+    labels = torch.zeros(len(sequences), num_anchors, block_size - 1, dtype=torch.long)
+    label_valid = torch.zeros_like(labels, dtype=torch.bool)
+    for row, sequence in enumerate(sequences):
+        start, length = int(data.starts[sequence]), int(data.lengths[sequence])
+        features[row, :length] = data.features[start : start + length]
+        context_valid[row, :length] = True
+        tokens, targets = data.token_ids[start : start + length], data.labels[start : start + length]
+        for a, p in enumerate(anchors[row]):
+            block_ids[row, a * block_size] = tokens[p]
+            # labels[i] is the target's token after token i, so position p+k is predicted by labels[p+k-1].
+            last = min(p + block_size - 1, length - 1)
+            count = last - p
+            labels[row, a, :count] = targets[p : p + count]
+            label_valid[row, a, :count] = True
+    return PackedBatch(features, context_valid, block_ids, block_positions, anchor_positions, labels, label_valid)
+
+
+def packed_visibility(batch: PackedBatch, block_size: int, window: int | None, causal: bool) -> torch.Tensor:
+    """[S, A*B, T + A*B]: a block query sees context tokens before its anchor and its own block only."""
+    num_seq, num_queries = batch.block_positions.shape
+    query_anchor = batch.anchor_positions.repeat_interleave(block_size, dim=1)  # [S, Q]
+    context_positions = torch.arange(batch.features.shape[1])
+    sees_context = (context_positions[None, None, :] < query_anchor[:, :, None]) & batch.context_valid[:, None, :]
+    block_of_query = torch.arange(num_queries) // block_size
+    sees_block = (block_of_query[:, None] == block_of_query[None, :]).expand(num_seq, -1, -1)
+    if causal:
+        sees_block = sees_block & (torch.arange(num_queries)[None, :] <= torch.arange(num_queries)[:, None])
+    if window is not None:
+        query_positions = batch.block_positions
+        sees_context = sees_context & ((query_positions[:, :, None] - context_positions[None, None, :]) < window)
+    return torch.cat([sees_context, sees_block], dim=-1)
+
+
+def block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """The drafter's final hidden states for every packed block query: [S, A*B, H]."""
+    config = drafter.config
+    num_seq, length = batch.features.shape[:2]
+    context = drafter.hidden_norm(drafter.fc(batch.features.to(drafter.fc.weight.dtype)))
+    context_cos, context_sin = drafter.rotary(torch.arange(length).expand(num_seq, -1))
+    cos, sin = drafter.rotary(batch.block_positions)
+    hidden = F.embedding(batch.block_ids, embed_weight).to(drafter.fc.weight.dtype)
+    masks = {}
+    for index, layer in enumerate(drafter.layers):
+        key = (config.window_for_layer(index), config.causal_for_layer(index))
+        if key not in masks:
+            masks[key] = packed_visibility(batch, config.block_size, *key)
+        keys, values = layer.self_attn.keys_values(context, context_cos, context_sin)
+        hidden = layer.forward_masked(hidden, cos, sin, keys, values, masks[key])
+    return drafter.norm(hidden)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """exp(-(k-1)/gamma) for block positions k = 1..B-1."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def draft_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[S, A, B-1, V] logits at block positions 1..B-1 through the shared (frozen) LM head."""
+    block = drafter.config.block_size
+    hidden = block_hidden(drafter, embed_weight, batch)
+    hidden = hidden.view(hidden.shape[0], -1, block, hidden.shape[-1])[:, :, 1:]
+    return drafter.logits(hidden, lambda h: F.linear(h.to(embed_weight.dtype), embed_weight))
+
+
+def weighted_loss(logits: torch.Tensor, batch: PackedBatch, weights: torch.Tensor) -> torch.Tensor:
+    losses = F.cross_entropy(logits.flatten(0, 2).float(), batch.labels.flatten(), reduction="none").view(batch.labels.shape)
+    w = weights[None, None, :] * batch.label_valid
+    return (losses * w).sum() / w.sum().clamp_min(1e-6)
+
+
+def acceptance_lengths(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[S, A]: 1 + leading drafts equal to the target's tokens (the greedy accept rule, bonus included)."""
+    correct = (logits.argmax(-1) == batch.labels) & batch.label_valid
+    return 1 + correct.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def split_sequences(data: FeatureSet, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    usable = [i for i in range(len(data)) if int(data.lengths[i] - data.prompt_lens[i]) >= 2]
+    rng = random.Random(seed)
+    rng.shuffle(usable)
+    cut = max(1, int(len(usable) * heldout_fraction))
+    return sorted(usable[cut:]), sorted(usable[:cut])
+
+
+def sample_anchors(data: FeatureSet, sequence: int, count: int, rng: random.Random) -> list[int]:
+    """Anchor positions among the answer tokens (the first block's anchor is the first answer token)."""
+    first, last = int(data.prompt_lens[sequence]), int(data.lengths[sequence]) - 2
+    candidates = range(first, last + 1)
+    return rng.sample(candidates, count) if len(candidates) >= count else [rng.choice(candidates) for _ in range(count)]
+
+
+def fits_context(data: FeatureSet, sequence: int, max_context: int) -> bool:
+    return int(data.lengths[sequence]) <= max_context
+
+
+class Trainer:
+    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, data: FeatureSet, run_dir: Path, cfg: FitConfig):
+        self.drafter, self.embed_weight, self.data, self.cfg = drafter, embed_weight, data, cfg
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.train_ids, self.heldout_ids = split_sequences(data, cfg.heldout_fraction, cfg.seed)
+        self.train_ids = [i for i in self.train_ids if fits_context(data, i, cfg.max_context)]
+        self.weights = position_weights(drafter.config.block_size, cfg.gamma)
+        decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2]
+        no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95),
+        )
+        self.step, self.best_acceptance, self.history = 0, 0.0, []
+        self.rng = random.Random(cfg.seed)
+        self.eval_batches = self._heldout_batches()
+
+    # ------------------------------------------------------------------ schedule and checkpoints
+    def lr_at(self, step: int) -> float:
+        if step < self.cfg.warmup_steps:
+            return self.cfg.lr * (step + 1) / self.cfg.warmup_steps
+        progress = (step - self.cfg.warmup_steps) / max(1, self.cfg.steps - self.cfg.warmup_steps)
+        return self.cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+    def save(self) -> None:
+        state = {
+            "drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+            "best_acceptance": self.best_acceptance, "history": self.history, "rng": self.rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        path = self.run_dir / "checkpoints" / CHECKPOINT
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        partial.replace(path)
+
+    def resume(self) -> bool:
+        path = self.run_dir / "checkpoints" / CHECKPOINT
+        if not path.exists():
+            return False
+        state = torch.load(path, weights_only=False)
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.best_acceptance, self.history = state["step"], state["best_acceptance"], state["history"]
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        return True
+
+    def export(self, name: str = "drafter") -> Path:
+        out = self.run_dir / name
+        self.drafter.save_pretrained(out, dtype=torch.bfloat16)
+        return out
+
+    # ------------------------------------------------------------------ steps
+    def _batch(self, sequences: list[int], rng: random.Random) -> PackedBatch:
+        anchors = [sample_anchors(self.data, s, self.cfg.anchors_per_sequence, rng) for s in sequences]
+        config = self.drafter.config
+        return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id)
+
+    def _heldout_batches(self) -> list[PackedBatch]:
+        rng = random.Random(self.cfg.seed + 1)
+        per_sequence = max(1, self.cfg.eval_anchors // max(1, len(self.heldout_ids)))
+        batches, group = [], []
+        for sequence in self.heldout_ids:
+            group.append(sequence)
+            if len(group) == self.cfg.sequences_per_step:
+                batches.append(self._eval_batch(group, per_sequence, rng))
+                group = []
+        if group:
+            batches.append(self._eval_batch(group, per_sequence, rng))
+        return batches
+
+    def _eval_batch(self, group, per_sequence, rng):
+        anchors = [sample_anchors(self.data, s, per_sequence, rng) for s in group]
+        config = self.drafter.config
+        return pack(self.data, group, anchors, config.block_size, config.mask_token_id)
+
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
+
+    def train_step(self) -> float:
+        self.drafter.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        batch = self._batch(self.rng.sample(self.train_ids, self.cfg.sequences_per_step), self.rng)
+        with self._autocast():
+            loss = weighted_loss(draft_logits(self.drafter, self.embed_weight, batch), batch, self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
+        self.optimizer.step()
+        self.step += 1
+        return float(loss)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.drafter.eval()
+        lengths, losses = [], []
+        for batch in self.eval_batches:
+            with self._autocast():
+                logits = draft_logits(self.drafter, self.embed_weight, batch)
+            losses.append(float(weighted_loss(logits, batch, self.weights)))
+            lengths.append(acceptance_lengths(logits.float(), batch).flatten())
+        accepted = torch.cat(lengths).float()
+        return {"heldout_loss": sum(losses) / len(losses), "heldout_acceptance": float(accepted.mean())}
+
+    def fit(self) -> dict[str, float]:
+        started = time.monotonic()
+        bar = tqdm(total=self.cfg.steps, initial=self.step, desc="fit", unit="step")
+        metrics = self.history[-1] if self.history else {}
+        running = None
+        while self.step < self.cfg.steps:
+            if self.cfg.time_budget_s is not None and time.monotonic() - started > self.cfg.time_budget_s:
+                bar.write(f"time budget of {self.cfg.time_budget_s:.0f}s spent at step {self.step}; run again to resume")
+                break
+            loss = self.train_step()
+            running = loss if running is None else 0.95 * running + 0.05 * loss
+            if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                metrics = {"step": self.step, "train_loss": running, **self.evaluate()}
+                self.history.append(metrics)
+                bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step"))
+                if metrics["heldout_acceptance"] > self.best_acceptance:
+                    self.best_acceptance = metrics["heldout_acceptance"]
+                    self.export()
+            if self.step % self.cfg.save_every == 0:
+                self.save()
+            bar.set_postfix(loss=f"{running:.3f}", acc=f"{metrics.get('heldout_acceptance', float('nan')):.2f}",
+                            lr=f"{self.lr_at(self.step):.1e}")
+            bar.update(1)
+        bar.close()
+        self.save()
+        return metrics
+
+
+def run_fit(args) -> dict[str, float]:
+    from ..targets import TargetModel
+    from .recipe import drafter_config_for
+
+    target = TargetModel.from_pretrained(args.target, dtype=torch.float32)
+    config = drafter_config_for(target)
+    torch.manual_seed(args.seed)
+    drafter = DFlashDrafter(config)
+    if args.init_from_target:
+        initialize_from_target(drafter, target)
+    embedding, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+    if type(embedding) is not torch.nn.Embedding or embedding.weight.data_ptr() != head.weight.data_ptr():
+        raise ValueError("this recipe needs a plain embedding tied to the LM head (as in SmolLM2)")
+    embed_weight = embedding.weight.detach().to(torch.bfloat16)
+    del target
+    data = FeatureSet.load(args.run_dir / "data")
+    cfg = FitConfig(steps=args.steps, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
+                    gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
+                    seed=args.seed)
+    trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
+    resumed = trainer.resume()
+    print(f"{len(trainer.train_ids)} training and {len(trainer.heldout_ids)} held-out answers, "
+          f"{data.num_response_tokens} answer tokens; {'resumed at step ' + str(trainer.step) if resumed else 'from scratch'}")
+    return trainer.fit()
+
+
+def initialize_from_target(drafter: DFlashDrafter, target) -> None:
+    """Start each draft layer from one of the target's top layers (same shapes), and the final norm likewise.
+
+    The draft layers then begin by doing what the target's last layers do to a residual stream;
+    q_norm/k_norm (absent in Llama) start as identity-scaled norms.
+    """
+    layers = target.layers
+    top = len(layers) - len(drafter.layers)
+    for draft_layer, target_layer in zip(drafter.layers, list(layers)[top:]):
+        source = target_layer.state_dict()
+        own = draft_layer.state_dict()
+        own.update({name: tensor for name, tensor in source.items() if name in own and own[name].shape == tensor.shape})
+        draft_layer.load_state_dict(own)
+    drafter.norm.weight.data.copy_(target.model.model.norm.weight.data)
