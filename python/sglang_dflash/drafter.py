@@ -113,34 +113,56 @@ class DraftAttention(nn.Module):
         return keys, self.v_proj(hidden).view(shape)
 
     def forward(self, block, cos, sin, block_positions, context: "PaddedContext", layer_index: int):
-        batch, block_len, _ = block.shape
-        key_positions = torch.cat([context.positions, block_positions], dim=1)
-        visible = torch.cat([context.valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
-        visible = visible[:, None, :].expand(batch, block_len, key_positions.shape[1])
-        distance = block_positions[:, :, None] - key_positions[:, None, :]
-        if self.window is not None:
-            visible = visible & (distance.abs() < self.window)
-        if self.causal:
-            visible = visible & (distance >= 0)
+        visible = draft_visibility(context.positions, context.valid, block_positions, self.window, self.causal)
         return self.attend(block, cos, sin, context.keys[layer_index], context.values[layer_index], visible)
 
-    def attend(self, block, cos, sin, context_keys, context_values, visible):
-        """Queries of `block` [bs, Q, H] over keys/values [context ; block] where `visible` [bs, Q, C+Q] allows."""
+    def block_queries_keys_values(self, block, cos, sin):
+        """Queries [bs, Q, heads, D] and the block's own keys/values [bs, Q, kv_heads, D]."""
         batch, block_len, _ = block.shape
         queries = self.q_norm(self.q_proj(block).view(batch, block_len, self.num_heads, self.head_dim))
         queries = apply_rotary(queries, cos, sin)
         block_keys, block_values = self.keys_values(block, cos, sin)
+        return queries, block_keys, block_values
+
+    def attend(self, block, cos, sin, context_keys, context_values, visible):
+        """Queries of `block` [bs, Q, H] over keys/values [context ; block] where `visible` [bs, Q, C+Q] allows."""
+        batch, block_len, _ = block.shape
+        queries, block_keys, block_values = self.block_queries_keys_values(block, cos, sin)
         keys = torch.cat([context_keys, block_keys], dim=1)
         values = torch.cat([context_values, block_values], dim=1)
-        out = F.scaled_dot_product_attention(
-            queries.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=visible[:, None],
-            scale=self.head_dim**-0.5,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, block_len, -1))
+        out = masked_attention(queries, keys, values, visible, self.head_dim**-0.5)
+        return self.o_proj(out.reshape(batch, block_len, -1))
+
+
+def draft_visibility(context_positions, context_valid, block_positions, window: int | None, causal: bool):
+    """Which keys [context ; block] each block query sees: [bs, Q, C+Q] bool.
+
+    The one definition of the draft mask: every valid context key and every block key (non-causal
+    inside the block unless `causal`), limited to |q_pos - k_pos| < window on sliding layers.
+    """
+    batch, block_len = block_positions.shape
+    key_positions = torch.cat([context_positions, block_positions], dim=1)
+    visible = torch.cat([context_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
+    visible = visible[:, None, :].expand(batch, block_len, key_positions.shape[1])
+    distance = block_positions[:, :, None] - key_positions[:, None, :]
+    if window is not None:
+        visible = visible & (distance.abs() < window)
+    if causal:
+        visible = visible & (distance >= 0)
+    return visible
+
+
+def masked_attention(queries, keys, values, visible, scale: float):
+    """queries [bs, Q, H, D], keys/values [bs, N, KVH, D] (GQA), visible [bs, Q, N] -> [bs, Q, H, D]."""
+    out = F.scaled_dot_product_attention(
+        queries.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=visible[:, None],
+        scale=scale,
+        enable_gqa=queries.shape[2] != keys.shape[2],
+    )
+    return out.transpose(1, 2)
 
 
 _ACTIVATIONS = {
@@ -173,6 +195,14 @@ class DraftLayer(nn.Module):
 
     def forward(self, hidden, cos, sin, positions, context: "PaddedContext"):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, positions, context, self.layer_index)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def forward_with_attention(self, hidden, cos, sin, attention_core):
+        """The same layer with the attention core supplied: attention_core(attn, q, block_k, block_v) -> [bs, Q, H, D]."""
+        attn = self.self_attn
+        queries, block_keys, block_values = attn.block_queries_keys_values(self.input_layernorm(hidden), cos, sin)
+        out = attention_core(attn, queries, block_keys, block_values)
+        hidden = hidden + attn.o_proj(out.reshape(hidden.shape[0], hidden.shape[1], -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
     def forward_masked(self, hidden, cos, sin, context_keys, context_values, visible):
@@ -282,6 +312,19 @@ class DFlashDrafter(nn.Module):
         hidden = block_embeddings.to(self.fc.weight.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, positions, context)
+        return self.norm(hidden)
+
+    def forward_with_attention(self, block_embeddings: torch.Tensor, positions: torch.Tensor, attention_core):
+        """The pass with the attention core supplied per layer (a kernel reading a paged context pool).
+
+        attention_core(layer_index, attn, queries, block_keys, block_values) -> [bs, B, heads, head_dim].
+        """
+        cos, sin = self.rotary(positions)
+        hidden = block_embeddings.to(self.fc.weight.dtype)
+        for index, layer in enumerate(self.layers):
+            hidden = layer.forward_with_attention(
+                hidden, cos, sin, lambda attn, q, k, v, index=index: attention_core(index, attn, q, k, v)
+            )
         return self.norm(hidden)
 
     def logits(self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
