@@ -85,13 +85,38 @@ def verify_block(
     generator: torch.Generator | None = None,
 ) -> VerifyResult:
     """Mixed batch: greedy rows (temperature 0) by argmax, the others by the sampling rule."""
-    greedy_rows = temperature == 0
-    result = verify_greedy(block_tokens, target_logits.argmax(dim=-1), block_lens)
-    if greedy_rows.all():
-        return result
+    if (temperature == 0).all():
+        return verify_greedy(block_tokens, target_logits.argmax(dim=-1), block_lens)
     bs, width = block_tokens.shape
     accept_uniforms = torch.rand(bs, width - 1, generator=generator, device=block_tokens.device)
     token_uniforms = torch.rand(bs, generator=generator, device=block_tokens.device)
+    return verify_block_with_uniforms(
+        block_tokens, target_logits, block_lens, temperature, top_p, top_k, accept_uniforms, token_uniforms
+    )
+
+
+def verify_block_with_uniforms(
+    block_tokens: torch.Tensor,
+    target_logits: torch.Tensor | None,
+    block_lens: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    token_uniforms: torch.Tensor,
+    target_tokens: torch.Tensor | None = None,
+) -> VerifyResult:
+    """`verify_block` with its random draws given: accept_uniforms [bs, B-1], token_uniforms [bs].
+
+    Greedy rows use `target_tokens` [bs, B] when given (the target's own argmax), else the logits'
+    argmax; an all-greedy batch needs no logits at all. The block verifier kernel's twin.
+    """
+    greedy_rows = temperature == 0
+    if target_tokens is None:
+        target_tokens = target_logits.argmax(dim=-1)
+    result = verify_greedy(block_tokens, target_tokens, block_lens)
+    if greedy_rows.all():
+        return result
     probs = probabilities(target_logits, temperature, top_p, top_k)
     sampled = verify_sampling(block_tokens, probs, block_lens, accept_uniforms, token_uniforms)
     return VerifyResult(
