@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from ..generate import encode
 from ..targets import TargetModel
 
 RESPONSES, FEATURES = "responses", "features"
@@ -35,16 +36,11 @@ def _write_atomically(path: Path, write) -> None:
     partial.replace(path)
 
 
-def encode_chat(tokenizer, prompt: str) -> list[int]:
-    encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-
-
 @torch.inference_mode()
 def generate_responses(target: TargetModel, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[dict]:
     """Greedy answers of the target to `prompts` (one left-padded batch), cut after the first stop token."""
     model = target.model
-    prompt_ids = [encode_chat(tokenizer, p) for p in prompts]
+    prompt_ids = [encode(tokenizer, p, chat=True) for p in prompts]
     width = max(len(ids) for ids in prompt_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompt_ids], device=target.device)

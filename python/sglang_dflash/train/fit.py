@@ -257,7 +257,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
         self.optimizer.step()
         self.step += 1
-        return float(loss)
+        return float(loss.detach())
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

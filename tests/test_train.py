@@ -1,0 +1,188 @@
+"""The training recipe: packed blocks compute exactly what decoding computes, labels line up, resume is exact."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_dflash.config import FULL_ATTENTION, SLIDING_ATTENTION, DFlashConfig
+from sglang_dflash.drafter import DFlashDrafter, DraftContext
+from sglang_dflash.train.data import FeatureSet, prepare
+from sglang_dflash.train.fit import (
+    FitConfig,
+    Trainer,
+    acceptance_lengths,
+    draft_logits,
+    pack,
+    position_weights,
+)
+from sglang_dflash.train.prompts import training_prompts
+
+HIDDEN, VOCAB, BLOCK = 32, 97, 8
+
+
+def tiny_config(layer_types=(FULL_ATTENTION, FULL_ATTENTION), window=None, causal=None) -> DFlashConfig:
+    config = DFlashConfig(
+        hidden_size=HIDDEN, num_hidden_layers=len(layer_types), num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, rms_norm_eps=1e-6, num_target_layers=4, target_layer_ids=[1, 2],
+        block_size=BLOCK, mask_token_id=VOCAB - 1, layer_types=list(layer_types), sliding_window=window,
+        is_causal=causal, vocab_size=VOCAB,
+    )
+    return DFlashConfig.from_dict(config.to_dict())
+
+
+def random_feature_set(lengths=(30, 23, 41), prompt_lens=(5, 7, 4), seed=0) -> FeatureSet:
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
+    return FeatureSet(
+        token_ids=torch.randint(0, VOCAB - 1, (total,), generator=generator),
+        labels=torch.randint(0, VOCAB - 1, (total,), generator=generator),
+        features=torch.randn(total, 2 * HIDDEN, generator=generator),
+        starts=starts, lengths=torch.tensor(lengths), prompt_lens=torch.tensor(prompt_lens),
+    )
+
+
+@pytest.mark.parametrize(
+    "layer_types,window,causal",
+    [((FULL_ATTENTION, FULL_ATTENTION), None, None),
+     ((SLIDING_ATTENTION, FULL_ATTENTION), BLOCK + 3, None),
+     ((FULL_ATTENTION,), None, True)],
+)
+def test_packed_blocks_equal_decode_time_drafts(layer_types, window, causal):
+    """Each packed block's logits equal the inference drafter's on the same context and block."""
+    torch.manual_seed(0)
+    config = tiny_config(layer_types, window, causal)
+    drafter = DFlashDrafter(config).eval()
+    embed = torch.randn(VOCAB, HIDDEN)
+    data = random_feature_set()
+    anchors = [[5, 11, 28], [7, 20, 21], [4, 39, 30]]
+    batch = pack(data, [0, 1, 2], anchors, BLOCK, config.mask_token_id)
+    with torch.no_grad():
+        packed = draft_logits(drafter, embed, batch)  # [S, A, B-1, V]
+        for row, sequence in enumerate([0, 1, 2]):
+            start = int(data.starts[sequence])
+            for a, p in enumerate(anchors[row]):
+                context = DraftContext()
+                positions = torch.arange(p)
+                context.append(drafter.context_keys_values(data.features[start : start + p], positions), positions)
+                block = torch.full((1, BLOCK), config.mask_token_id)
+                block[0, 0] = data.token_ids[start + p]
+                hidden = drafter(embed[block], torch.arange(p, p + BLOCK)[None], [context])
+                expected = drafter.logits(hidden[:, 1:], lambda h: h @ embed.T)[0]
+                torch.testing.assert_close(packed[row, a], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_labels_are_the_targets_next_tokens_and_stop_at_the_sequence_end():
+    data = random_feature_set()
+    batch = pack(data, [1], [[20]], BLOCK, VOCAB - 1)  # sequence 1 has 23 tokens: positions 21, 22 exist
+    start = int(data.starts[1])
+    assert batch.block_ids[0, 0] == data.token_ids[start + 20]
+    assert (batch.block_ids[0, 1:BLOCK] == VOCAB - 1).all()
+    assert batch.label_valid[0, 0].tolist() == [True, True] + [False] * (BLOCK - 3)
+    assert batch.labels[0, 0, :2].tolist() == data.labels[start + 20 : start + 22].tolist()
+
+
+def test_acceptance_is_one_plus_the_leading_matches():
+    data = random_feature_set()
+    batch = pack(data, [0, 2], [[5], [4]], BLOCK, VOCAB - 1)
+    logits = torch.full((2, 1, BLOCK - 1, VOCAB), -1.0)
+    predicted = batch.labels.clone()
+    predicted[0, 0, 3] = (predicted[0, 0, 3] + 1) % VOCAB  # first miss at draft 4 -> 3 kept + bonus
+    predicted[1, 0, 0] = (predicted[1, 0, 0] + 1) % VOCAB  # miss at once -> bonus only
+    logits.scatter_(-1, predicted[..., None], 1.0)
+    assert acceptance_lengths(logits, batch).flatten().tolist() == [4, 1]
+
+
+def test_position_weights_decay_from_one():
+    weights = position_weights(16, 7.0)
+    assert weights[0] == 1.0 and weights.shape == (15,)
+    assert torch.allclose(weights[7], torch.exp(torch.tensor(-1.0)))
+    assert (weights[1:] < weights[:-1]).all()
+
+
+def _trainer(tmp_path, steps=6, seed=0, lr=3e-3, num_sequences=6):
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(tiny_config())
+    lengths = [30, 23, 41, 35, 28, 33] * (num_sequences // 6)
+    data = random_feature_set(lengths=lengths, prompt_lens=[5, 7, 4, 6, 3, 8] * (num_sequences // 6))
+    cfg = FitConfig(steps=steps, sequences_per_step=2, anchors_per_sequence=4, eval_every=3, save_every=2,
+                    heldout_fraction=0.2, eval_anchors=8, autocast_bf16=False, warmup_steps=2, lr=lr)
+    embed = 0.3 * torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))
+    return Trainer(drafter, embed, data, tmp_path, cfg)
+
+
+def test_resume_after_a_kill_continues_exactly(tmp_path):
+    straight = _trainer(tmp_path / "straight")
+    for _ in range(4):
+        straight.train_step()
+
+    first = _trainer(tmp_path / "resumed")
+    for _ in range(2):
+        first.train_step()
+    first.save()
+    del first  # the "kill": only the checkpoint survives
+    second = _trainer(tmp_path / "resumed", seed=123)  # a different fresh init must be overwritten
+    assert second.resume() and second.step == 2
+    for _ in range(2):
+        second.train_step()
+    for (name, a), b in zip(straight.drafter.state_dict().items(), second.drafter.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_fit_learns_exports_and_reports(tmp_path):
+    """On answers that repeat one token (the target's next token is the current one), held-out acceptance must rise."""
+    trainer = _trainer(tmp_path, steps=200, lr=1e-2, num_sequences=18)
+    data = trainer.data
+    tokens = torch.arange(len(data)) % 3  # every held-out answer repeats a token some training answer repeats
+    data.token_ids = torch.cat([torch.full((int(n),), int(token)) for n, token in zip(data.lengths, tokens)])
+    data.labels = data.token_ids.clone()
+    trainer.eval_batches = trainer._heldout_batches()
+    before = trainer.evaluate()["heldout_acceptance"]
+    metrics = trainer.fit()
+    assert metrics["heldout_acceptance"] > before + 1.0
+    exported = DFlashDrafter.from_pretrained(tmp_path / "drafter")
+    assert exported.config.block_size == BLOCK
+    assert (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_training_prompts_are_balanced_and_not_benchmark_rows():
+    prompts = training_prompts(500, seed=0)
+    assert len(prompts) == len(set(prompts)) == 500
+    boxed = sum("\\boxed{}" in p for p in prompts)
+    code = sum("```python" in p or p.lower().startswith(("write a function", "write a python", "create a function"))
+               for p in prompts)
+    assert 150 <= boxed <= 250 and 150 <= code <= 250
+    shared = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
+    files = sorted(shared.glob("*.jsonl")) or sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "data").glob("*.jsonl"))
+    assert files, "benchmark sets not found"
+    benchmark_turns = {turn for f in files for line in f.read_text().splitlines() for turn in json.loads(line)["turns"]}
+    assert not benchmark_turns & set(prompts)
+
+
+@pytest.mark.slow
+def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
+    """A tiny random target with SmolLM2's tokenizer answers prompts; shards are reused on a second run."""
+    from sglang_dflash.targets import TargetModel, load_tokenizer, smollm2_hf_dir
+
+    target_dir = checkpoints.target("llama", tokenizer_from=smollm2_hf_dir())
+    target = TargetModel.from_pretrained(target_dir)
+    tokenizer = load_tokenizer(target_dir)
+    prompts = training_prompts(6, seed=1)
+    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "features").iterdir()}
+    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "features").iterdir()}
+    data = FeatureSet.load(tmp_path)
+    assert len(data) == 6 and data.features.shape == (int(data.lengths.sum()), 2 * target.hidden_size)
+    rows = [json.loads(line) for line in (tmp_path / "responses" / "shard-00000.jsonl").read_text().splitlines()]
+    first = rows[0]
+    ids = first["prompt_ids"] + first["response_ids"]
+    assert data.token_ids[: len(ids)].tolist() == ids
+    # The cached labels are the target's own greedy tokens: they reproduce its answer.
+    p = len(first["prompt_ids"])
+    assert data.labels[p - 1 : len(ids) - 1].tolist() == first["response_ids"]
