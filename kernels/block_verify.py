@@ -79,8 +79,8 @@ def load_extension():
         return load(
             name=EXTENSION_NAME,
             sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-std=c++17"],
-            extra_cuda_cflags=["-O3", "-std=c++17"],
+            extra_cflags=["-O3"],  # torch chooses the C++ standard its headers need (C++20)
+            extra_cuda_cflags=["-O3"],
             verbose=False,
         )
     except Exception as error:  # the compiler's own message is in `error`

@@ -1,8 +1,8 @@
 // PyTorch glue for block_verify.cu: checks shapes and dtypes, allocates outputs, launches on the
 // current stream. Built with block_verify.cu by torch.utils.cpp_extension.load on first use.
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -70,7 +70,7 @@ std::vector<at::Tensor> block_verify(const at::Tensor& block_tokens, const std::
       tokens.defined() ? tokens.data_ptr<int64_t>() : nullptr, blocks.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
       temp.data_ptr<float>(), p.data_ptr<float>(), k.data_ptr<int64_t>(), accept_u.data_ptr<float>(),
       token_u.data_ptr<float>(), batch, width, vocab, accept_lens.data_ptr<int64_t>(), emitted.data_ptr<int64_t>(),
-      kept_rows.data_ptr<bool>(), at::cuda::getCurrentCUDAStream());
+      kept_rows.data_ptr<bool>(), c10::cuda::getCurrentCUDAStream(device.index()).stream());
   TORCH_CHECK(error == cudaSuccess, "block_verify kernel launch failed: ", cudaGetErrorString(error));
   return {accept_lens, emitted, kept_rows};
 }

@@ -57,6 +57,7 @@ def draft_attention_reference(
 
 
 # ------------------------------------------------------------------------------------ the kernel
+@triton.jit
 def _draft_attention_kernel(
     Q, BK, BV, KPool, VPool, ReqToToken, ReqIdx, CtxLens, Out, PartialOut, PartialLse,
     stride_qb, stride_qi, stride_qh,
@@ -175,6 +176,7 @@ def _draft_attention_kernel(
         tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=store_mask)
 
 
+@triton.jit
 def _combine_splits_kernel(
     PartialOut, PartialLse, Out,
     stride_pb, stride_pi, stride_ph, stride_ps,
@@ -197,17 +199,6 @@ def _combine_splits_kernel(
                       mask=s_valid[:, None] & d_valid[None, :], other=0.0)
     out = tl.sum(partial * weights[:, None], axis=0)
     tl.store(Out + row * stride_oh + dims, out.to(Out.dtype.element_ty), mask=d_valid)
-
-
-_JITTED: dict[tuple[str, bool], object] = {}
-
-
-def _jitted(fn):
-    """triton.jit on first use, so TRITON_INTERPRET can be switched on by whoever calls first (tests)."""
-    key = (fn.__name__, bool(triton.knobs.runtime.interpret))
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(fn)
-    return _JITTED[key]
 
 
 def _num_splits(batch: int, kv_heads: int, span: int, block_n: int, device) -> int:
@@ -260,8 +251,7 @@ def draft_attention_triton(
         partial_lse = torch.empty(batch, block_len, num_heads, num_splits, dtype=torch.float32, device=queries.device)
     else:
         partial_out = partial_lse = out  # unused
-    kernel = _jitted(_draft_attention_kernel)
-    kernel[(batch, kv_heads, num_splits)](
+    _draft_attention_kernel[(batch, kv_heads, num_splits)](
         queries, block_keys, block_values, key_pool, value_pool, req_to_token, req_pool_indices, context_lens,
         out, partial_out, partial_lse,
         queries.stride(0), queries.stride(1), queries.stride(2),
@@ -281,7 +271,7 @@ def draft_attention_triton(
     )
     if num_splits > 1:
         out_rows = out.view(batch * block_len * num_heads, head_dim)
-        _jitted(_combine_splits_kernel)[(batch * block_len * num_heads,)](
+        _combine_splits_kernel[(batch * block_len * num_heads,)](
             partial_out, partial_lse, out_rows,
             0, 0, num_splits * head_dim, head_dim,
             0, 0, out_rows.stride(0),
