@@ -5,7 +5,7 @@ The scheduler calls `forward_batch_generation` for every batch:
             features become draft context K/V at its KV slot; the sampled token is the bonus.
   decode  : 1. draft  - blocks [bonus, MASK x (B-1)] at the reserved slots, the drafter's argmax;
             2. verify - one TARGET_VERIFY pass of the target over all blocks;
-            3. accept - `verify.verify_block` (the reference decoder's rule) per request;
+            3. accept - the block verifier (verify.py's rule; CUDA kernel on a GPU, twin elsewhere);
             4. commit - draft context K/V for the kept rows; the scheduler receives the tokens,
                         the accepted lengths (bonus included) and the new committed lengths.
 Verify writes target KV for all B rows; only the committed ones count, the rest are overwritten
@@ -24,8 +24,9 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from .. import __version__
 from ..drafter import DFlashDrafter
-from ..verify import verify_block
-from .draft_runner import DraftRunner
+from ..kernels import block_verify
+from ..kernels.block_verify import KernelBuildError, block_verify_reference
+from .draft_runner import DraftRunner, resolve_draft_attention_core
 from .spec_inputs import BlockVerifyInput, DraftState
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class DFlashWorker(BaseSpecWorker):
         self.drafter = load_checked_drafter(server_args.speculative_draft_model_path, target_worker, self.block_size)
         self.mask_token_id = self.drafter.mask_token_id
         self.runner: DraftRunner | None = None
+        self._verifier_unavailable = False  # set once the CUDA verifier failed to build here
         logger.info(
             "sglang-dflash %s: DFLASH served by our worker (block size %d, drafter %s, %d draft layers)",
             __version__, self.block_size, server_args.speculative_draft_model_path, len(self.drafter.layers),
@@ -71,10 +73,13 @@ class DFlashWorker(BaseSpecWorker):
             # Parallel LM heads pad the vocabulary; padded rows must never win the argmax.
             return torch.matmul(hidden.to(head.weight.dtype), head.weight.t())[..., :vocab]
 
-        self.runner = DraftRunner(self.drafter, slots, self.device, embed, lm_head)
+        requested = getattr(self.server_args, "speculative_draft_attention_backend", None)
+        core = resolve_draft_attention_core(requested, self.device, self.drafter.fc.weight.dtype)
+        logger.info("sglang-dflash: draft attention %s (--speculative-draft-attention-backend %s)", core, requested)
+        self.runner = DraftRunner(self.drafter, slots, self.device, embed, lm_head, attention_core=core)
 
     def init_attention_backends(self):
-        pass  # the drafter attends through its own (torch) path; nothing to build in SGLang
+        pass  # the drafter attends through its own core (draft_runner.py); nothing to build in SGLang
 
     def init_cuda_graphs(self):
         pass
@@ -138,11 +143,10 @@ class DFlashWorker(BaseSpecWorker):
         # 3. accept
         temperature, top_p, top_k = sampling_tensors(batch.sampling_info, bs, self.device)
         full_blocks = torch.full((bs,), width, dtype=torch.int64, device=self.device)
-        accepted = verify_block(blocks, logits.view(bs, width, -1), full_blocks, temperature, top_p, top_k)
-        accept_lens = accepted.accept_lens
+        accepted = self._accept(blocks, logits.view(bs, width, -1), full_blocks, temperature, top_p, top_k)
+        accept_lens, kept = accepted.accept_lens, accepted.kept_rows
 
         # 4. commit
-        kept = torch.arange(width, device=self.device)[None, :] < accept_lens[:, None]
         self.runner.write_context(
             features.view(bs, width, -1)[kept], positions[kept], block_slots[kept]
         )
@@ -159,6 +163,20 @@ class DFlashWorker(BaseSpecWorker):
             speculative_num_draft_tokens=width,
             new_seq_lens=new_seq_lens,
         )
+
+    def _accept(self, blocks, logits, block_lens, temperature, top_p, top_k):
+        """verify.py's rule: the CUDA block verifier on a GPU, its twin elsewhere (the same draws)."""
+        bs, width = blocks.shape
+        accept_uniforms = torch.rand(bs, width - 1, device=self.device)
+        token_uniforms = torch.rand(bs, device=self.device)
+        args = (blocks, logits, block_lens, temperature, top_p, top_k, accept_uniforms, token_uniforms)
+        if blocks.is_cuda and not self._verifier_unavailable:
+            try:
+                return block_verify(*args)
+            except KernelBuildError as error:
+                logger.warning("sglang-dflash: %s; verifying with the PyTorch twin", error)
+                self._verifier_unavailable = True
+        return block_verify_reference(*args)
 
     def _verify(self, batch, blocks, positions, block_slots, seq_lens):
         """One TARGET_VERIFY forward over all blocks: logits and captured features of every row."""
