@@ -64,6 +64,22 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
+def cuda_toolkit_dir() -> Path | None:
+    """The toolkit holding cuda_runtime.h when torch's CUDA_HOME guess lacks it.
+
+    torch derives CUDA_HOME from nvcc's location, so an nvcc in /usr/local/bin gives /usr/local,
+    whose include/ has no CUDA headers; the toolkit itself is usually /usr/local/cuda.
+    """
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME and (Path(CUDA_HOME) / "include" / "cuda_runtime.h").exists():
+        return None
+    for candidate in (Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)):
+        if (candidate / "include" / "cuda_runtime.h").exists():
+            return candidate
+    return None
+
+
 @functools.cache
 def load_extension():
     """Build (first call, about a minute) or load (cached by torch) the CUDA verifier."""
@@ -75,12 +91,15 @@ def load_extension():
         )
     from torch.utils.cpp_extension import load
 
+    toolkit = cuda_toolkit_dir()
     try:
         return load(
             name=EXTENSION_NAME,
             sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3"],  # torch chooses the C++ standard its headers need (C++20)
             extra_cuda_cflags=["-O3"],
+            extra_include_paths=[str(toolkit / "include")] if toolkit else None,
+            extra_ldflags=[f"-L{toolkit / 'lib64'}"] if toolkit else None,
             verbose=False,
         )
     except Exception as error:  # the compiler's own message is in `error`

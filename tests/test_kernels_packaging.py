@@ -53,3 +53,17 @@ class _TinyDrafter(torch.nn.Module):
         self.config = SimpleNamespace(num_key_value_heads=1, head_dim=4)
         self.fc = torch.nn.Linear(2, 2)
         self.layers = torch.nn.ModuleList([torch.nn.Identity()])
+
+
+def test_gpu_check_script_runs_at_a_tiny_size_on_cpu(tmp_path):
+    """benchmarks/gpu_check.py's own code path (twins only on a CPU); the GPU run is gpu_check.sh."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--repeats", "1", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert {"draft_attention", "drafter_pass", "block_verify"} <= set(results) and results["failures"] == []
