@@ -168,3 +168,29 @@ def test_triton_kernel_on_gpu_matches_its_twin_at_drafter_shapes(window):
     case["req_to_token"] = torch.randperm(POOL_SLOTS * 4, device="cuda")[: 6 * 4200].view(6, 4200).int()
     out = draft_attention_triton(**case, window=window)
     torch.testing.assert_close(out.float(), reference_in_fp32(case, window=window), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype,window,split", [("bf16", True, False), ("fp16", False, True)])
+def test_triton_kernel_compiles_for_hopper_without_a_gpu(dtype, window, split):
+    """Ahead-of-time compile to an sm_90 cubin (triton bundles ptxas): catches what the interpreter
+    cannot (types, layouts, shared memory) at the gemma-4 drafter's shapes (B 16, 4 heads per KV head, D 128)."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sglang_dflash.kernels.draft_attention import _draft_attention_kernel
+
+    pointer = "*" + dtype
+    types = dict(Q=pointer, BK=pointer, BV=pointer, KPool=pointer, VPool=pointer, Out=pointer, ReqToToken="*i32",
+                 ReqIdx="*i64", CtxLens="*i64", PartialOut="*fp32", PartialLse="*fp32", scale_log2="fp32")
+    constexprs = dict(BLOCK_LEN=16, GROUP=4, HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, BLOCK_B=16, BLOCK_D=128,
+                      HAS_WINDOW=window, CAUSAL=False, SPLIT=split, DOT_FP32=False)
+    names = list(inspect.signature(_draft_attention_kernel.fn).parameters)
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
+    source = ASTSource(fn=_draft_attention_kernel, signature=signature,
+                       constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+    assert len(compiled.asm["cubin"]) > 0
+    assert compiled.metadata.shared <= 228 * 1024  # fits an H100/H200 SM
