@@ -58,6 +58,23 @@ def draft_attention_reference(
 
 # ------------------------------------------------------------------------------------ the kernel
 @triton.jit
+def _online_softmax_update(q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_FP32: tl.constexpr):
+    """Fold one tile of keys/values into the running max, sum and output (flash-attention style)."""
+    p_dtype = v.dtype  # the probabilities meet V in V's precision
+    if DOT_FP32:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+    scores = tl.where(visible, tl.dot(q, tl.trans(k)) * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p_low = p.to(p_dtype)
+    if DOT_FP32:
+        p_low = p_low.to(tl.float32)
+    return m_new, l_i, acc * alpha[:, None] + tl.dot(p_low, v)
+
+
+@triton.jit
 def _draft_attention_kernel(
     Q, BK, BV, KPool, VPool, ReqToToken, ReqIdx, CtxLens, Out, PartialOut, PartialLse,
     stride_qb, stride_qi, stride_qh,
@@ -116,22 +133,10 @@ def _draft_attention_kernel(
                     mask=k_valid[:, None] & dim_valid[None, :], other=0.0)
         v = tl.load(VPool + slots[:, None] * stride_vs + kv_head * stride_vh + dims[None, :],
                     mask=k_valid[:, None] & dim_valid[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
         visible = k_valid[None, :]
         if HAS_WINDOW:
             visible = visible & ((q_pos[:, None] - k_pos[None, :]) < window)
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p_low = p.to(VPool.dtype.element_ty)  # the probabilities meet V in V's precision
-        if DOT_FP32:
-            p_low, v = p_low.to(tl.float32), v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_low, v)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_update(q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_FP32)
 
     if split == num_splits - 1:
         block_cols = tl.arange(0, BLOCK_B)
@@ -140,25 +145,13 @@ def _draft_attention_kernel(
                     mask=b_valid[:, None] & dim_valid[None, :], other=0.0)
         v = tl.load(BV + batch * stride_bvb + block_cols[:, None] * stride_bvi + kv_head * stride_bvh + dims[None, :],
                     mask=b_valid[:, None] & dim_valid[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
         distance = query_index[:, None] - block_cols[None, :]
         visible = b_valid[None, :]
         if HAS_WINDOW:
             visible = visible & (tl.abs(distance) < window)
         if CAUSAL:
             visible = visible & (distance >= 0)
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p_low = p.to(VPool.dtype.element_ty)  # the probabilities meet V in V's precision
-        if DOT_FP32:
-            p_low, v = p_low.to(tl.float32), v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_low, v)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_update(q, k, v, visible, m_i, l_i, acc, scale_log2, DOT_FP32)
 
     store_mask = row_valid[:, None] & dim_valid[None, :]
     if SPLIT:
