@@ -219,28 +219,17 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ steps
-    def _batch(self, sequences: list[int], rng: random.Random) -> PackedBatch:
-        anchors = [sample_anchors(self.data, s, self.cfg.anchors_per_sequence, rng) for s in sequences]
+    def _batch(self, sequences: list[int], anchors_per_sequence: int, rng: random.Random) -> PackedBatch:
+        anchors = [sample_anchors(self.data, s, anchors_per_sequence, rng) for s in sequences]
         config = self.drafter.config
         return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id)
 
     def _heldout_batches(self) -> list[PackedBatch]:
         rng = random.Random(self.cfg.seed + 1)
         per_sequence = max(1, self.cfg.eval_anchors // max(1, len(self.heldout_ids)))
-        batches, group = [], []
-        for sequence in self.heldout_ids:
-            group.append(sequence)
-            if len(group) == self.cfg.sequences_per_step:
-                batches.append(self._eval_batch(group, per_sequence, rng))
-                group = []
-        if group:
-            batches.append(self._eval_batch(group, per_sequence, rng))
-        return batches
-
-    def _eval_batch(self, group, per_sequence, rng):
-        anchors = [sample_anchors(self.data, s, per_sequence, rng) for s in group]
-        config = self.drafter.config
-        return pack(self.data, group, anchors, config.block_size, config.mask_token_id)
+        size = self.cfg.sequences_per_step
+        return [self._batch(self.heldout_ids[i : i + size], per_sequence, rng)
+                for i in range(0, len(self.heldout_ids), size)]
 
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
@@ -249,7 +238,8 @@ class Trainer:
         self.drafter.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
-        batch = self._batch(self.rng.sample(self.train_ids, self.cfg.sequences_per_step), self.rng)
+        sequences = self.rng.sample(self.train_ids, self.cfg.sequences_per_step)
+        batch = self._batch(sequences, self.cfg.anchors_per_sequence, self.rng)
         with self._autocast():
             loss = weighted_loss(draft_logits(self.drafter, self.embed_weight, batch), batch, self.weights)
         self.optimizer.zero_grad(set_to_none=True)
