@@ -34,7 +34,6 @@ LOG_TAIL_LINES = 60
 # Flags that make SGLang 0.5.23 run (quietly, reproducibly) on a CPU-only x86 machine.
 CPU_SERVER_ARGS = (
     "--device", "cpu",
-    "--attention-backend", "torch_native",
     "--cuda-graph-backend-decode", "disabled",
     "--cuda-graph-backend-prefill", "disabled",
     "--sleep-on-idle",  # otherwise the idle scheduler busy-polls a core
@@ -43,6 +42,12 @@ CPU_SERVER_ARGS = (
     "--random-seed", "0",
     "--skip-server-warmup",
 )  # fmt: skip
+
+
+# SGLang refuses `--attention-backend torch_native` for Gemma-4 (an assertion in
+# arg_groups/model_hook.py); without the flag its CPU default (intel_amx) falls back to
+# torch_native on a machine without SGLang's AMX ops, so the same backend serves either way.
+NO_ATTENTION_FLAG_MODEL_TYPES = ("gemma4", "gemma4_text")
 
 
 class ServerStartError(RuntimeError):
@@ -103,11 +108,19 @@ def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return merged
 
 
+def attention_args(model_path: str | os.PathLike) -> list[str]:
+    """`--attention-backend torch_native`, except for targets SGLang accepts only without it (Gemma-4)."""
+    config = Path(model_path) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return [] if model_type in NO_ATTENTION_FLAG_MODEL_TYPES else ["--attention-backend", "torch_native"]
+
+
 def server_command(model_path: str | os.PathLike, port: int, extra_args: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
         *CPU_SERVER_ARGS,
+        *attention_args(model_path),
         "--host", HOST,
         "--port", str(port),
         *map(str, extra_args),

@@ -5,6 +5,7 @@ heavy imports happen when a hook fires. Switches (environment):
   SGLANG_DFLASH_IMPL=ours|builtin     which worker serves DFLASH (default: ours)
   SGLANG_ENABLE_DFLASH_SPEC_V2=1|0    force the overlapped (1) or synchronous (0) schedule;
                                       unset follows --disable-overlap-schedule
+  SGLANG_DFLASH_GEMMA4_COMPAT=0       turn off the Gemma-4 fixes in `gemma4_compat` (on by default)
 On a CPU (SGLANG_USE_CPU_ENGINE=1) it also lifts SGLang's CUDA-only gate for DFLASH and gives the
 torch_native backend the TARGET_VERIFY path; SGLang's builtin worker additionally needs the
 patches in `builtin_cpu_compat`, which are loaded only for the builtin on a CPU.
@@ -55,6 +56,10 @@ def register() -> None:
         HookRegistry.register(
             "sglang.srt.speculative.dflash_utils.validate_dflash_request", _refuse_unsupported_request, HookType.AROUND
         )
+    from . import gemma4_compat
+
+    if gemma4_compat.enabled():
+        gemma4_compat.register(HookRegistry, HookType, on_cpu=on_cpu_engine())
     if on_cpu_engine():
         from .cpu import verify_attention
 
