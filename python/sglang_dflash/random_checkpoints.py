@@ -67,12 +67,17 @@ def tiny_target_config(family: str, vocab_size: int = 512, num_layers: int = 4, 
 
 
 def make_random_target(
-    family: str, out_dir: str | Path, seed: int = 0, tokenizer_from: str | Path | None = None, **config_overrides
+    family: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    tokenizer_from: str | Path | None = None,
+    chat_template: str | None = None,
+    **config_overrides,
 ) -> Path:
     """Write a random target of `family` to out_dir (config.json + model.safetensors).
 
     With `tokenizer_from` (a model directory) the target borrows that tokenizer and chat template
-    and takes its vocabulary size, so a real server can serve it.
+    (or `chat_template`, when given) and takes its vocabulary size, so a real server can serve it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,8 +97,61 @@ def make_random_target(
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     if tokenizer is not None:
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
         tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+# A Gemma-style chat template; like Gemma-4's, `enable_thinking` adds a thinking marker to the
+# system turn (SGLang passes chat_template_kwargs through to it).
+GEMMA_STYLE_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if enable_thinking %}<start_of_turn>system\n<|think|><end_of_turn>\n{% endif %}"
+    "{% for message in messages %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+# gemma-4-26B-A4B-it and z-lab/gemma-4-26B-A4B-it-DFlash, scaled down: the target keeps the
+# 5-sliding-1-full layer pattern, K=V full layers with their own head dim and KV heads, MoE
+# beside the dense MLP and the softcap; the drafter keeps the published format (4 sliding
+# layers + 1 full, block 16, mask id 4, six target layers by the published formula, softcap 30).
+GEMMA4_FLAGSHIP_TARGET = dict(
+    num_layers=12, num_experts=8, top_k_experts=2, sliding_window=8, global_head_dim=32, num_global_key_value_heads=1
+)
+GEMMA4_FLAGSHIP_DRAFT_LAYERS = [SLIDING_ATTENTION] * 4 + [FULL_ATTENTION]
+
+
+def make_gemma4_flagship_pair(root: str | Path, tokenizer_from: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """(target directory, drafter directory) of the scaled-down flagship pairing."""
+    from transformers import AutoTokenizer
+
+    root = Path(root)
+    target = make_random_target(
+        "gemma4", root / "target", seed=seed, tokenizer_from=tokenizer_from,
+        chat_template=GEMMA_STYLE_CHAT_TEMPLATE, **GEMMA4_FLAGSHIP_TARGET,
+    )  # fmt: skip
+    config = tiny_target_config("gemma4", **GEMMA4_FLAGSHIP_TARGET)
+    vocab_size = len(AutoTokenizer.from_pretrained(str(tokenizer_from)))
+    drafter = make_random_drafter(
+        root / "drafter",
+        hidden_size=config.hidden_size,
+        num_target_layers=config.num_hidden_layers,
+        vocab_size=vocab_size,
+        num_layers=len(GEMMA4_FLAGSHIP_DRAFT_LAYERS),
+        layer_types=GEMMA4_FLAGSHIP_DRAFT_LAYERS,
+        sliding_window=32,
+        block_size=16,
+        mask_token_id=4,
+        target_layer_ids=default_target_layer_ids(config.num_hidden_layers, 6),
+        final_logit_softcapping=30.0,
+        rope_theta=1e6,
+        seed=seed,
+    )
+    return target, drafter
 
 
 def _target_shape(target_dir: str | Path) -> tuple[int, int, int]:
@@ -120,6 +178,7 @@ def make_random_drafter(
     sliding_window: int | None = None,
     mask_token_id: int | None = None,
     final_logit_softcapping: float | None = None,
+    rope_theta: float = 10000.0,
     seed: int = 0,
     shards: int = 1,
     dtype: torch.dtype = torch.float32,
@@ -142,6 +201,7 @@ def make_random_drafter(
         sliding_window=sliding_window if SLIDING_ATTENTION in layer_types else None,
         vocab_size=vocab_size,
         final_logit_softcapping=final_logit_softcapping,
+        rope_theta=rope_theta,
     )
     # Round-trip through the validator so a test can never write a config we would refuse.
     config = DFlashConfig.from_dict(config.to_dict())
