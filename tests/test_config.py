@@ -1,33 +1,15 @@
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_dflash.config import DFlashConfig, DFlashConfigError, default_target_layer_ids
+from sglang_dflash.drafter import DFlashDrafter
 
-# The published z-lab/gemma-4-26B-A4B-it-DFlash drafter, as documented in the reference notes.
-GEMMA4_DRAFTER = {
-    "architectures": ["DFlashDraftModel"],
-    "model_type": "qwen3",
-    "hidden_size": 2816,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 5632,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "rope_scaling": None,
-    "max_position_embeddings": 262144,
-    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
-    "sliding_window": 2048,
-    "num_target_layers": 30,
-    "block_size": 16,
-    "vocab_size": 262144,
-    "final_logit_softcapping": 30.0,
-    "tie_word_embeddings": False,
-    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]},
-}
+# The published z-lab/gemma-4-26B-A4B-it-DFlash drafter's config.json (reference notes, section 3.3).
+GEMMA4_DRAFTER_DIR = Path(__file__).parent / "fixtures" / "gemma-4-26B-A4B-it-DFlash"
+GEMMA4_DRAFTER = json.loads((GEMMA4_DRAFTER_DIR / "config.json").read_text())
 
 # A Qwen3-style drafter written by transformers 5 (rope_parameters instead of rope_theta).
 QWEN3_DRAFTER = {
@@ -48,13 +30,31 @@ QWEN3_DRAFTER = {
 
 
 def test_published_gemma4_drafter_config_parses():
-    config = DFlashConfig.from_dict(GEMMA4_DRAFTER)
+    config = DFlashConfig.from_pretrained(GEMMA4_DRAFTER_DIR)
     assert config.target_layer_ids == [1, 6, 11, 17, 22, 27]
     assert config.num_context_features == 6 * 2816
     assert config.mask_token_id == 4 and config.block_size == 16
     assert [config.window_for_layer(i) for i in range(5)] == [2048] * 4 + [None]
     assert config.final_logit_softcapping == 30.0
     assert not config.causal_for_layer(0)
+
+
+def test_published_gemma4_drafter_has_the_published_size():
+    config = DFlashConfig.from_pretrained(GEMMA4_DRAFTER_DIR)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(config)
+    hidden, q, kv, head, ffn = 2816, 32 * 128, 8 * 128, 128, 5632
+    per_layer = (
+        hidden * q + 2 * hidden * kv + q * hidden  # q, k, v, o
+        + 2 * head  # q_norm, k_norm
+        + 3 * hidden * ffn  # gate, up, down
+        + 2 * hidden  # input and post-attention norms
+    )  # fmt: skip
+    fc = 6 * hidden * hidden  # 16896 -> 2816
+    expected = fc + 5 * per_layer + 2 * hidden  # + hidden_norm, final norm; no embedding, no LM head
+    assert sum(p.numel() for p in drafter.parameters()) == expected == 429_689_088  # "about 0.4 B"
+    assert tuple(drafter.fc.weight.shape) == (2816, 16896)
+    assert not any("embed" in name or "lm_head" in name for name, _ in drafter.named_parameters())
 
 
 def test_transformers5_rope_layout_and_round_trip(tmp_path):
