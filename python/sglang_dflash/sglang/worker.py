@@ -27,7 +27,9 @@ from ..drafter import DFlashDrafter
 from ..kernels import block_verify
 from ..kernels.block_verify import KernelBuildError, block_verify_reference
 from .draft_runner import DraftRunner, resolve_draft_attention_core
+from .simulated_acceptance import SIMULATE_VARIABLE, simulate_acceptance, simulated_accept_length
 from .spec_inputs import BlockVerifyInput, DraftState
+from .step_times import step_times_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,14 @@ class DFlashWorker(BaseSpecWorker):
         self.mask_token_id = self.drafter.mask_token_id
         self.runner: DraftRunner | None = None
         self._verifier_unavailable = False  # set once the CUDA verifier failed to build here
+        self.simulated_accept_len = simulated_accept_length()
+        self.step_times = step_times_from_env(self.device)
+        if self.simulated_accept_len is not None:
+            logger.warning(
+                "sglang-dflash: %s=%s: acceptance lengths are SIMULATED around %.2f, the output is NOT the "
+                "target's (for speed benchmarks only)",
+                SIMULATE_VARIABLE, os.environ[SIMULATE_VARIABLE], self.simulated_accept_len,
+            )  # fmt: skip
         logger.info(
             "sglang-dflash %s: DFLASH served by our worker (block size %d, drafter %s, %d draft layers)",
             __version__, self.block_size, server_args.speculative_draft_model_path, len(self.drafter.layers),
@@ -131,25 +141,33 @@ class DFlashWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         rows = batch.req_pool_indices.to(torch.int64)
 
+        self.step_times.start_step()
         # 1. draft
-        blocks, positions = self.runner.propose(
-            state.bonus_tokens, seq_lens, req_to_token, rows, self.mask_token_id, width
-        )
-        block_slots = req_to_token[rows[:, None], positions].to(torch.int64)
+        with self.step_times.phase("draft"):
+            blocks, positions = self.runner.propose(
+                state.bonus_tokens, seq_lens, req_to_token, rows, self.mask_token_id, width
+            )
+            block_slots = req_to_token[rows[:, None], positions].to(torch.int64)
 
         # 2. verify
-        logits, features = self._verify(batch, blocks, positions, block_slots, seq_lens)
+        with self.step_times.phase("verify"):
+            logits, features = self._verify(batch, blocks, positions, block_slots, seq_lens)
 
-        # 3. accept
-        temperature, top_p, top_k = sampling_tensors(batch.sampling_info, bs, self.device)
-        full_blocks = torch.full((bs,), width, dtype=torch.int64, device=self.device)
-        accepted = self._accept(blocks, logits.view(bs, width, -1), full_blocks, temperature, top_p, top_k)
-        accept_lens, kept = accepted.accept_lens, accepted.kept_rows
+        with self.step_times.phase("accept_commit"):
+            # 3. accept
+            temperature, top_p, top_k = sampling_tensors(batch.sampling_info, bs, self.device)
+            full_blocks = torch.full((bs,), width, dtype=torch.int64, device=self.device)
+            logits = logits.view(bs, width, -1)
+            accepted = self._accept(blocks, logits, full_blocks, temperature, top_p, top_k)
+            if self.simulated_accept_len is not None:
+                accepted = simulate_acceptance(blocks, logits, self.simulated_accept_len)
+            accept_lens, kept = accepted.accept_lens, accepted.kept_rows
 
-        # 4. commit
-        self.runner.write_context(
-            features.view(bs, width, -1)[kept], positions[kept], block_slots[kept]
-        )
+            # 4. commit
+            self.runner.write_context(
+                features.view(bs, width, -1)[kept], positions[kept], block_slots[kept]
+            )
+        self.step_times.end_step(bs, accept_lens)
         new_seq_lens = seq_lens + accept_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
