@@ -133,3 +133,11 @@ def test_runtime_block_size_is_checked():
     small_window.sliding_window = 8
     with pytest.raises(DFlashConfigError, match="smaller than the block size"):
         small_window.check_block_size(12)
+
+
+def test_written_sliding_drafters_keep_their_window_in_transformers(tmp_path):
+    """SGLang's builtin reads the drafter through transformers' Qwen3Config, which drops the window unless told."""
+    from transformers import AutoConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(DFlashConfig.from_pretrained(GEMMA4_DRAFTER_DIR).to_dict()))
+    assert AutoConfig.from_pretrained(tmp_path).sliding_window == 2048

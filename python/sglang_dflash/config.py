@@ -250,6 +250,10 @@ class DFlashConfig:
             out["is_causal"] = self.is_causal
         if self.use_gemma_norm:
             out["use_gemma_norm"] = True
+        if SLIDING_ATTENTION in self.layer_types:
+            # transformers' Qwen3Config drops `sliding_window` unless this is set, and SGLang's
+            # builtin DFLASH reads the window from that config (it refuses sliding layers without).
+            out["use_sliding_window"] = True
         return out
 
 
