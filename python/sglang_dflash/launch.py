@@ -1,9 +1,10 @@
 """Real SGLang servers on 127.0.0.1 (tests, `make demo`, benchmarks): `with launch_server(model) as server: ...`.
 
 The server runs SGLang 0.5.23's CPU engine with our pure-torch `sgl_kernel` stand-in first on
-PYTHONPATH, in its own process group, logging stdout and stderr to a file. It is ready when
-GET /health_generate answers 200 (that endpoint runs a real one-token generation). On exit the
-whole process group is stopped: SIGTERM, then SIGKILL for whatever is left after 20 s.
+PYTHONPATH (with `gpu=True`: SGLang's own defaults on the GPU), in its own process group, logging
+stdout and stderr to a file. It is ready when GET /health_generate answers 200 (that endpoint runs
+a real one-token generation). On exit the whole process group is stopped: SIGTERM, then SIGKILL
+for whatever is left after 20 s.
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
-def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ, updated with `env`, plus the CPU engine switch and the stand-in first on PYTHONPATH."""
+def server_env(env: Mapping[str, str] | None = None, gpu: bool = False) -> dict[str, str]:
+    """os.environ, updated with `env`, plus (CPU) the CPU engine switch and the stand-in first on PYTHONPATH."""
     merged = {**os.environ, **(env or {})}
+    if gpu:
+        return merged
     merged["SGLANG_USE_CPU_ENGINE"] = "1"
     rest = merged.get("PYTHONPATH", "")
     merged["PYTHONPATH"] = standin_path() + (os.pathsep + rest if rest else "")
@@ -115,12 +118,14 @@ def attention_args(model_path: str | os.PathLike) -> list[str]:
     return [] if model_type in NO_ATTENTION_FLAG_MODEL_TYPES else ["--attention-backend", "torch_native"]
 
 
-def server_command(model_path: str | os.PathLike, port: int, extra_args: Sequence[str] = ()) -> list[str]:
+def server_command(
+    model_path: str | os.PathLike, port: int, extra_args: Sequence[str] = (), gpu: bool = False
+) -> list[str]:
+    device_args = [] if gpu else [*CPU_SERVER_ARGS, *attention_args(model_path)]
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
-        *CPU_SERVER_ARGS,
-        *attention_args(model_path),
+        *device_args,
         "--host", HOST,
         "--port", str(port),
         *map(str, extra_args),
@@ -175,6 +180,7 @@ def launch_server(
     port: int | None = None,
     timeout: float = 240,
     log_dir: str | os.PathLike | None = None,
+    gpu: bool = False,
 ) -> Iterator[Server]:
     """Start `python -m sglang.launch_server` on 127.0.0.1 for CPU and yield a ready `Server`.
 
@@ -186,7 +192,7 @@ def launch_server(
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"
-    command = server_command(model_path, port, extra_args)
+    command = server_command(model_path, port, extra_args, gpu=gpu)
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(command) + "\n").encode())
         log.flush()
@@ -196,7 +202,7 @@ def launch_server(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(env),
+            env=server_env(env, gpu=gpu),
             start_new_session=True,  # its own process group, so the whole tree can be stopped
         )
     server = Server(base_url=f"http://{HOST}:{port}", port=port, log_path=log_path, process=process)

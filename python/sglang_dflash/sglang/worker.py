@@ -10,6 +10,8 @@ The scheduler calls `forward_batch_generation` for every batch:
                         the accepted lengths (bonus included) and the new committed lengths.
 Verify writes target KV for all B rows; only the committed ones count, the rest are overwritten
 by the next block (the scheduler frees the reserved tail when a request ends).
+Benchmark knobs: SGLANG_SIMULATE_ACC_LEN replaces step 3's lengths (`simulated_acceptance.py`);
+SGLANG_DFLASH_STEP_TIMES times the phases (`step_times.py`).
 """
 
 from __future__ import annotations
