@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("stage", choices=["prepare", "fit", "all"])
     parser.add_argument("--target", default="smollm2", help="target directory, .gguf file or `smollm2`")
     parser.add_argument("--run-dir", type=Path, default=Path("runs/smollm2-drafter"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the target (prepare) and the drafter (fit) run; default: a GPU if there is one")
     data = parser.add_argument_group("prepare")
     data.add_argument("--num-prompts", type=int, default=2400)
     data.add_argument("--shard-size", type=int, default=48, help="prompts per generation batch and shard")
@@ -48,7 +50,7 @@ def run_prepare(args) -> int:
     from .prompts import training_prompts
     from .recipe import drafter_config_for
 
-    target = TargetModel.from_pretrained(args.target, dtype=DTYPES[args.data_dtype])
+    target = TargetModel.from_pretrained(args.target, dtype=DTYPES[args.data_dtype], device=args.device)
     config = drafter_config_for(target)
     prompts = training_prompts(args.num_prompts, seed=args.seed)
     done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,

@@ -47,6 +47,7 @@ class FitConfig:
     time_budget_s: float | None = None
     autocast_bf16: bool = True
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass
@@ -58,6 +59,9 @@ class PackedBatch:
     anchor_positions: torch.Tensor  # [S, A]
     labels: torch.Tensor  # [S, A, B-1] the target's tokens at p+1..p+B-1
     label_valid: torch.Tensor  # [S, A, B-1]
+
+    def to(self, device) -> "PackedBatch":
+        return PackedBatch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
 
 
 def pack(data: FeatureSet, sequences: list[int], anchors: list[list[int]], block_size: int, mask_id: int) -> PackedBatch:
@@ -91,12 +95,14 @@ def packed_visibility(batch: PackedBatch, block_size: int, window: int | None, c
     """[S, A*B, T + A*B]: a block query sees context tokens before its anchor and its own block only."""
     num_seq, num_queries = batch.block_positions.shape
     query_anchor = batch.anchor_positions.repeat_interleave(block_size, dim=1)  # [S, Q]
-    context_positions = torch.arange(batch.features.shape[1])
+    device = batch.features.device
+    context_positions = torch.arange(batch.features.shape[1], device=device)
     sees_context = (context_positions[None, None, :] < query_anchor[:, :, None]) & batch.context_valid[:, None, :]
-    block_of_query = torch.arange(num_queries) // block_size
+    query_index = torch.arange(num_queries, device=device)
+    block_of_query = query_index // block_size
     sees_block = (block_of_query[:, None] == block_of_query[None, :]).expand(num_seq, -1, -1)
     if causal:
-        sees_block = sees_block & (torch.arange(num_queries)[None, :] <= torch.arange(num_queries)[:, None])
+        sees_block = sees_block & (query_index[None, :] <= query_index[:, None])
     if window is not None:
         query_positions = batch.block_positions
         sees_context = sees_context & ((query_positions[:, :, None] - context_positions[None, None, :]) < window)
@@ -108,7 +114,7 @@ def block_hidden(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: Pack
     config = drafter.config
     num_seq, length = batch.features.shape[:2]
     context = drafter.hidden_norm(drafter.fc(batch.features.to(drafter.fc.weight.dtype)))
-    context_cos, context_sin = drafter.rotary(torch.arange(length).expand(num_seq, -1))
+    context_cos, context_sin = drafter.rotary(torch.arange(length, device=batch.features.device).expand(num_seq, -1))
     cos, sin = drafter.rotary(batch.block_positions)
     hidden = F.embedding(batch.block_ids, embed_weight).to(drafter.fc.weight.dtype)
     masks = {}
@@ -167,12 +173,14 @@ def fits_context(data: FeatureSet, sequence: int, max_context: int) -> bool:
 
 class Trainer:
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, data: FeatureSet, run_dir: Path, cfg: FitConfig):
-        self.drafter, self.embed_weight, self.data, self.cfg = drafter, embed_weight, data, cfg
+        self.device = torch.device(cfg.device)
+        self.drafter, self.embed_weight = drafter.to(self.device), embed_weight.to(self.device)
+        self.data, self.cfg = data, cfg
         self.run_dir = Path(run_dir)
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.train_ids, self.heldout_ids = split_sequences(data, cfg.heldout_fraction, cfg.seed)
         self.train_ids = [i for i in self.train_ids if fits_context(data, i, cfg.max_context)]
-        self.weights = position_weights(drafter.config.block_size, cfg.gamma)
+        self.weights = position_weights(drafter.config.block_size, cfg.gamma).to(self.device)
         decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2]
         no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2]
         self.optimizer = torch.optim.AdamW(
@@ -205,7 +213,7 @@ class Trainer:
         path = self.run_dir / "checkpoints" / CHECKPOINT
         if not path.exists():
             return False
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.best_acceptance, self.history = state["step"], state["best_acceptance"], state["history"]
@@ -222,7 +230,7 @@ class Trainer:
     def _batch(self, sequences: list[int], anchors_per_sequence: int, rng: random.Random) -> PackedBatch:
         anchors = [sample_anchors(self.data, s, anchors_per_sequence, rng) for s in sequences]
         config = self.drafter.config
-        return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id)
+        return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id).to(self.device)
 
     def _heldout_batches(self) -> list[PackedBatch]:
         rng = random.Random(self.cfg.seed + 1)
@@ -232,7 +240,7 @@ class Trainer:
                 for i in range(0, len(self.heldout_ids), size)]
 
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
     def train_step(self) -> float:
         self.drafter.train()
@@ -307,7 +315,7 @@ def run_fit(args) -> dict[str, float]:
     data = FeatureSet.load(args.run_dir / "data")
     cfg = FitConfig(steps=args.steps, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
-                    seed=args.seed)
+                    seed=args.seed, device=args.device)
     trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
     resumed = trainer.resume()
     print(f"{len(trainer.train_ids)} training and {len(trainer.heldout_ids)} held-out answers, "
