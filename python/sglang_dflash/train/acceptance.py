@@ -1,11 +1,16 @@
 """Mean acceptance length of a drafter on the benchmark sets, measured with the reference decoder.
 
-  python -m sglang_dflash.train.acceptance --drafter DIR [--num-prompts 32] [--max-new-tokens 256]
+  python -m sglang_dflash.train.acceptance --drafter DIR [--num-prompts 32] [--max-new-tokens 256] [--server]
 
 For each set, the first N rows' first user turn goes through the target's chat template and is
 decoded greedily (float32 by default). The acceptance length of a verify step is the number of
 tokens it commits, the target's own token included; a set's figure is the mean over all its
 verify steps (committed tokens / verify steps, as SGLang's `spec_accept_length` counts them).
+
+By default the reference decoder runs (the target at batch 1: exact, but slow on a CPU). With
+--server a real SGLang DFLASH server with our worker decodes each set's prompts concurrently on
+127.0.0.1, and a set's figure is its completion tokens over its verify steps (SGLang's
+`spec_verify_ct`; the prefill's first token counts as committed, as in `spec_accept_length`).
 """
 
 from __future__ import annotations
@@ -56,6 +61,45 @@ def measure(decoder: ReferenceDecoder, prompts: list[list[int]], max_new_tokens:
             "mean_acceptance_length": committed / steps if steps else 0.0, "histogram": histogram}
 
 
+def measure_on_server(server, prompts: list[list[int]], max_new_tokens: int, bar) -> dict:
+    """Greedy /generate requests for all `prompts` at once; acceptance from SGLang's own counters."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(ids: list[int]) -> dict:
+        answer = server.post("/generate", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": max_new_tokens}}, timeout=3600)  # fmt: skip
+        bar.update(1)
+        return answer["meta_info"]
+
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        metas = list(pool.map(one, prompts))
+    outputs = sum(int(m["completion_tokens"]) for m in metas)
+    steps = sum(int(m.get("spec_verify_ct") or 0) for m in metas)
+    if steps == 0:
+        raise RuntimeError("the server reported no verify steps: it is not speculating")
+    return {"prompts": len(prompts), "output_tokens": outputs, "verify_steps": steps,
+            "mean_acceptance_length": outputs / steps}
+
+
+def measure_all_on_server(args, sets: dict[str, list[list[int]]]) -> dict:
+    from ..demo import dflash_server_args
+    from ..launch import launch_server
+    from ..targets import smollm2_hf_dir
+
+    target = smollm2_hf_dir() if args.target == "smollm2" else args.target
+    block = args.block_size or DFlashDrafter.from_pretrained(args.drafter).config.block_size
+    concurrency = max(map(len, sets.values()))
+    flags = dflash_server_args(args.drafter, block) + [
+        "--max-running-requests", str(concurrency), "--max-total-tokens", "32768"]  # float32, as launch.py sets
+    results = {}
+    with launch_server(target, flags, timeout=900) as server:
+        with tqdm(total=sum(map(len, sets.values())), desc="acceptance (server)", unit="prompt") as bar:
+            for name, prompts in sets.items():
+                bar.set_postfix(set=name)
+                results[name] = measure_on_server(server, prompts, args.max_new_tokens, bar)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True)
@@ -68,21 +112,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="prompts decoded together")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--server", action="store_true",
+                        help="decode on a real SGLang DFLASH server with our worker (each set's prompts concurrently)")
     args = parser.parse_args(argv)
 
-    dtype = DTYPES[args.dtype]
     tokenizer = load_tokenizer(args.target)
-    target = TargetModel.from_pretrained(args.target, dtype=dtype)
-    decoder = ReferenceDecoder(target, DFlashDrafter.from_pretrained(args.drafter, dtype=dtype), args.block_size)
-    stops = stop_ids(tokenizer, target)
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
     sets = {n: [encode(tokenizer, p, chat=True) for p in first_turns(dataset_file(args.datasets_dir, n), args.num_prompts)]
             for n in names}
-    results = {}
-    with tqdm(total=sum(map(len, sets.values())), desc="acceptance", unit="prompt") as bar:
-        for name, prompts in sets.items():
-            bar.set_postfix(set=name)
-            results[name] = measure(decoder, prompts, args.max_new_tokens, stops, args.batch, bar)
+    if args.server:
+        results = measure_all_on_server(args, sets)
+        block_size = args.block_size or DFlashDrafter.from_pretrained(args.drafter).config.block_size
+    else:
+        dtype = DTYPES[args.dtype]
+        target = TargetModel.from_pretrained(args.target, dtype=dtype)
+        decoder = ReferenceDecoder(target, DFlashDrafter.from_pretrained(args.drafter, dtype=dtype), args.block_size)
+        block_size = decoder.block_size
+        stops = stop_ids(tokenizer, target)
+        results = {}
+        with tqdm(total=sum(map(len, sets.values())), desc="acceptance", unit="prompt") as bar:
+            for name, prompts in sets.items():
+                bar.set_postfix(set=name)
+                results[name] = measure(decoder, prompts, args.max_new_tokens, stops, args.batch, bar)
     mean = sum(r["mean_acceptance_length"] for r in results.values()) / len(results)
     print(f"\n| set | prompts | output tokens | verify steps | mean acceptance length |\n|---|---|---|---|---|")
     for name, r in results.items():
@@ -90,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| average of sets | | | | {mean:.2f} |")
     if args.out:
         report = {"drafter": str(args.drafter), "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
-                  "block_size": decoder.block_size, "sets": results, "average": mean}
+                  "block_size": block_size, "decoder": "sglang server" if args.server else "reference",
+                  "sets": results, "average": mean}
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
