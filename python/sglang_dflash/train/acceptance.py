@@ -11,8 +11,8 @@ By default the reference decoder runs (the target at batch 1: exact, but slow on
 --server a real SGLang DFLASH server with our worker decodes each set's prompts concurrently on
 127.0.0.1, and a set's figure is its completion tokens over its verify steps (SGLang's
 `spec_verify_ct`; the prefill's first token counts as committed, as in `spec_accept_length`), in
---dtype (bfloat16 is about twice as fast on a CPU with AMX; acceptance is a statistic, not an
-exactness check, so its near-tie flips do not matter).
+--dtype (on this project's CPU bfloat16 was no faster than float32: the server's per-request
+overhead dominates there).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..config import DFlashConfig
 from ..drafter import DFlashDrafter
 from ..generate import DTYPES, encode, stop_ids
 from ..reference import ReferenceDecoder
@@ -83,13 +84,12 @@ def measure_on_server(server, prompts: list[list[int]], max_new_tokens: int, bar
             "mean_acceptance_length": outputs / steps}
 
 
-def measure_all_on_server(args, sets: dict[str, list[list[int]]]) -> dict:
+def measure_all_on_server(args, sets: dict[str, list[list[int]]], block: int) -> dict:
     from ..demo import dflash_server_args
     from ..launch import launch_server
     from ..targets import smollm2_hf_dir
 
     target = smollm2_hf_dir() if args.target == "smollm2" else args.target
-    block = args.block_size or DFlashDrafter.from_pretrained(args.drafter).config.block_size
     concurrency = max(map(len, sets.values()))
     flags = dflash_server_args(args.drafter, block) + [
         "--max-running-requests", str(concurrency), "--max-total-tokens", "32768", "--dtype", args.dtype]
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = {n: [encode(tokenizer, p, chat=True) for p in first_turns(dataset_file(args.datasets_dir, n), args.num_prompts)]
             for n in names}
     if args.server:
-        results = measure_all_on_server(args, sets)
-        block_size = args.block_size or DFlashDrafter.from_pretrained(args.drafter).config.block_size
+        block_size = args.block_size or DFlashConfig.from_pretrained(args.drafter).block_size
+        results = measure_all_on_server(args, sets, block_size)
     else:
         dtype = DTYPES[args.dtype]
         target = TargetModel.from_pretrained(args.target, dtype=dtype)
