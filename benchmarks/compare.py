@@ -9,7 +9,8 @@ runs `benchmarks.serving` against each while it is up, and prints one table with
 ratios ours/AR, builtin/AR and ours/builtin. A server that fails to start, or that turns out to be
 served by the wrong worker, gets its column marked as failed with the error; it is never given a figure.
 
-The default size (8 timed prompts per run, 64 new tokens, the five sets at concurrency 1, 8 and 32)
+The default size (4 timed prompts per run but at least one per client, 24 new tokens, warm-up requests of
+4 tokens, the five sets at concurrency 1, 8 and 32)
 is meant to finish in about 20 minutes on a quiet 2-core machine; --full runs the whole sets with
 2048 new tokens (hours on a CPU). The CPU is noisy: read the ratios, which compare servers measured
 in the same run, rather than the absolute figures.
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="an extra flag for every server (repeatable, e.g. --server-arg=--chunked-prefill-size=512)")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
     parser.add_argument("--full", action="store_true", help="the whole sets and 2048 new tokens (overrides the two sizes)")
-    serving.add_workload_arguments(parser, num_prompts="8", max_new_tokens=64, timeout_s=1800.0)
+    serving.add_workload_arguments(parser, num_prompts="4", max_new_tokens=24, timeout_s=1800.0, warmup_max_new_tokens=4)
     args = parser.parse_args(argv)
     if args.full:
         args.num_prompts, args.max_new_tokens = None, 2048

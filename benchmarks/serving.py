@@ -38,7 +38,7 @@ import time
 import urllib.parse
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -376,8 +376,13 @@ def benchmark_server(
     timeout_s: float,
     progress: bool = True,
     on_record: Callable[[RequestRecord], None] | None = None,
+    warmup_max_new_tokens: int | None = None,
 ) -> list[dict]:
-    """Every (task, concurrency) run against one server, in that order."""
+    """Every (task, concurrency) run against one server, in that order.
+
+    The warm-up round sends `warmup_max_new_tokens` (default: the timed runs' own) per request.
+    """
+    warmup_sampling = replace(sampling, max_new_tokens=warmup_max_new_tokens or sampling.max_new_tokens)
     runs = []
     for prompt_set in prompt_sets:
         for concurrency in concurrencies:
@@ -397,7 +402,7 @@ def benchmark_server(
             with bar:
                 if (error := flush_cache(base_url)) is not None:
                     flush_errors.append(f"before warm-up: {error}")
-                warm_records, _ = run_closed_loop(base_url, warmup, concurrency, sampling, timeout_s, count)
+                warm_records, _ = run_closed_loop(base_url, warmup, concurrency, warmup_sampling, timeout_s, count)
                 if (error := flush_cache(base_url)) is not None:
                     flush_errors.append(f"before the timed run: {error}")
                 bar.set_description(f"{label} {prompt_set.task} c={concurrency}")
@@ -408,6 +413,7 @@ def benchmark_server(
                 "task": prompt_set.task,
                 "concurrency": concurrency,
                 "warmup": {"requests": len(warm_records), "failed": len(warm_failed),
+                           "output_tokens": sum(r.completion_tokens for r in warm_records),
                            "errors": [f"{r.row_id}: {r.error_kind}: {r.error}" for r in warm_failed[:MAX_ERRORS_KEPT]]},
                 "flush_errors": flush_errors,
                 "metrics": summarize(records, wall_s),
@@ -562,6 +568,11 @@ def markdown_table(document: dict) -> str:
     return "\n".join(lines) + "\n" + _table_notes(document)
 
 
+def _warmup_note(config: dict) -> str:
+    warmup, timed = config.get("warmup_max_new_tokens"), config.get("sampling", {}).get("max_new_tokens")
+    return f" of {warmup}-token requests" if warmup and warmup != timed else ""
+
+
 def _table_notes(document: dict) -> str:
     config = document["config"]
     sampling = config.get("sampling", {})
@@ -569,7 +580,7 @@ def _table_notes(document: dict) -> str:
     notes = [
         "",
         f"tok/s: generated tokens per second over the timed closed loop ({prompts} per run, at least one per "
-        f"client, after a warm-up round; radix cache flushed before each); τ: mean acceptance length "
+        f"client, after a warm-up round{_warmup_note(config)}; radix cache flushed before each); τ: mean acceptance length "
         f"(SGLang's spec_accept_length, mean over requests). max_new_tokens {sampling.get('max_new_tokens')}, "
         f"temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, top_k {sampling.get('top_k')}"
         f"{', ignore_eos' if sampling.get('ignore_eos') else ''}, enable_thinking {config.get('enable_thinking')}.",
@@ -692,7 +703,7 @@ def parse_ratio(text: str) -> tuple[str, str]:
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, num_prompts: str = "128", max_new_tokens: int = 2048,
-                           timeout_s: float = 3600.0) -> None:  # fmt: skip
+                           timeout_s: float = 3600.0, warmup_max_new_tokens: int | None = None) -> None:  # fmt: skip
     """The flags shared by this harness and `benchmarks.compare`."""
     parser.add_argument("--tasks", type=parse_tasks, default=list(TASKS), help=f"comma-separated subset of {','.join(TASKS)}")
     parser.add_argument("--concurrency", type=parse_concurrency, default=list(DEFAULT_CONCURRENCY),
@@ -701,6 +712,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, num_prompts: str = "
                         help=f"timed requests per run, or 'all' for the whole set (default {num_prompts}); at least "
                              "the concurrency")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--warmup-max-new-tokens", type=int, default=warmup_max_new_tokens,
+                        help="max new tokens of each warm-up request (default: --max-new-tokens)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1, help="-1: no top-k (the reference passes 1, the same at temperature 0)")
@@ -721,6 +734,7 @@ def workload_config(args, tokenizer: str | None) -> dict:
         "concurrency": list(args.concurrency),
         "num_prompts": args.num_prompts,
         "sampling": asdict(sampling_from(args)),
+        "warmup_max_new_tokens": args.warmup_max_new_tokens or args.max_new_tokens,
         "enable_thinking": args.enable_thinking,
         "timeout_s": args.timeout_s,
         "tokenizer": tokenizer,
@@ -769,7 +783,8 @@ def measure_server(document: dict, label: str, base_url: str, workload: Workload
     document["config"]["tokenizer"] = document["config"].get("tokenizer") or tokenizer
     document["runs"].extend(
         benchmark_server(label, base_url, workload.prompt_sets(tokenizer), args.concurrency, args.num_prompts,
-                         sampling_from(args), args.timeout_s, progress=not args.no_progress)  # fmt: skip
+                         sampling_from(args), args.timeout_s, progress=not args.no_progress,
+                         warmup_max_new_tokens=args.warmup_max_new_tokens)  # fmt: skip
     )
 
 

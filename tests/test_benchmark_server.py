@@ -25,6 +25,7 @@ from benchmarks import serving  # noqa: E402
 pytestmark = pytest.mark.server
 
 MAX_NEW = 12
+WARMUP_NEW = 3  # shorter warm-up requests, as make bench sends
 BLOCK = 8
 TASKS = ["gsm8k", "humaneval"]
 
@@ -53,7 +54,8 @@ def test_figures_are_the_arithmetic_of_the_servers_answers(target, dflash_server
     code = serving.main([
         "--server", f"ar={plain_server.base_url}", "--server", f"dflash={dflash_server.base_url}",
         "--tasks", ",".join(TASKS), "--concurrency", "1,3", "--num-prompts", "2",
-        "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--out", str(tmp_path), "--no-progress",
+        "--max-new-tokens", str(MAX_NEW), "--warmup-max-new-tokens", str(WARMUP_NEW), "--ignore-eos",
+        "--out", str(tmp_path), "--no-progress",
     ])  # fmt: skip
     assert code == 0
     document = json.loads((tmp_path / "results.json").read_text())
@@ -64,7 +66,8 @@ def test_figures_are_the_arithmetic_of_the_servers_answers(target, dflash_server
     assert sorted(runs) == sorted((s, t, c) for s in ("ar", "dflash") for t in TASKS for c in (1, 3))
     for (server, task, concurrency), run in runs.items():
         metrics, requests = run["metrics"], run["requests"]
-        assert run["warmup"] == {"requests": concurrency, "failed": 0, "errors": []} and run["flush_errors"] == []
+        warmup = {"requests": concurrency, "failed": 0, "output_tokens": concurrency * WARMUP_NEW, "errors": []}
+        assert run["warmup"] == warmup and run["flush_errors"] == []
         assert metrics["requests"] == metrics["completed"] == len(requests) == max(2, concurrency)
         for record in requests:
             assert record["error_kind"] is None and record["finish_reason"] == "length"

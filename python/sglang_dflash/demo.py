@@ -56,10 +56,10 @@ def ask(base_url: str, prompt: str, max_tokens: int) -> Measurement:
     )
     seconds = time.perf_counter() - started
     return Measurement(response.choices[0].message.content, response.usage.completion_tokens, seconds,
-                       _acceptance_length(response))
+                       spec_accept_length(response))
 
 
-def _acceptance_length(response) -> float | None:
+def spec_accept_length(response) -> float | None:
     """SGLang's per-request `spec_accept_length` (in the `sglext` extension of the choice), if speculating."""
     for holder in (response.choices[0], response):
         extension = (getattr(holder, "model_extra", None) or {}).get("sglext") or {}

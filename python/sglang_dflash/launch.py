@@ -149,7 +149,7 @@ def stop_process_group(process: subprocess.Popen, grace_s: float = STOP_GRACE_S)
     process.wait()
 
 
-def _wait_until_ready(server: Server, timeout: float) -> None:
+def wait_until_ready(server: Server, timeout: float) -> None:
     started = time.monotonic()
     while True:
         if server.process.poll() is not None:
@@ -207,7 +207,7 @@ def launch_server(
         )
     server = Server(base_url=f"http://{HOST}:{port}", port=port, log_path=log_path, process=process)
     try:
-        _wait_until_ready(server, timeout)
+        wait_until_ready(server, timeout)
         server.startup_s = time.monotonic() - launched
         yield server
     finally:

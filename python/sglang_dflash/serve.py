@@ -11,7 +11,13 @@ import os
 import sys
 
 from .demo import DEMO_PORT, dflash_server_args
-from .launch import HOST, server_command, server_env
+from .launch import server_command, server_env
+
+
+def last_value(command: list[str], flag: str) -> str:
+    values = [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == flag]
+    values += [arg.split("=", 1)[1] for arg in command if arg.startswith(flag + "=")]
+    return values[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
 
     extra = list(sys.argv[1:] if argv is None else argv)
     command = server_command(smollm2_hf_dir(), DEMO_PORT, dflash_server_args(smollm2_drafter_dir()) + extra)
-    print(f"-- serving DFLASH on http://{HOST}:{DEMO_PORT}/v1 (OpenAI API); Ctrl-C stops it\n$ {' '.join(command)}",
+    host, port = last_value(command, "--host"), last_value(command, "--port")  # argparse: the last one wins
+    print(f"-- serving DFLASH on http://{host}:{port}/v1 (OpenAI API); Ctrl-C stops it\n$ {' '.join(command)}",
           flush=True)
     os.execve(command[0], command, server_env())
 
