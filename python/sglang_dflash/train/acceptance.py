@@ -105,7 +105,7 @@ def server_measurer(args, concurrency: int, block_size: int):
 
 
 @contextmanager
-def reference_measurer(args, tokenizer, block_size: int | None):
+def reference_measurer(args, tokenizer, block_size: int):
     dtype = DTYPES[args.dtype]
     target = TargetModel.from_pretrained(args.target, dtype=dtype)
     decoder = ReferenceDecoder(target, DFlashDrafter.from_pretrained(args.drafter, dtype=dtype), block_size)
