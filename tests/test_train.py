@@ -21,6 +21,7 @@ from sglang_dflash.train.fit import (
     position_weights,
 )
 from sglang_dflash.train.prompts import training_prompts
+from sglang_dflash.train.recipe import native_bfloat16, training_dtype
 
 HIDDEN, VOCAB, BLOCK = 32, 97, 8
 
@@ -186,3 +187,24 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     # The cached labels are the target's own greedy tokens: they reproduce its answer.
     p = len(first["prompt_ids"])
     assert data.labels[p - 1 : len(ids) - 1].tolist() == first["response_ids"]
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [
+    (False, False, torch.float32), (True, False, torch.bfloat16), (False, True, torch.bfloat16),
+])
+def test_training_runs_bf16_only_where_the_cpu_has_it_natively(monkeypatch, avx512_bf16, amx, expected):
+    # An AVX2-only CPU emulates bf16 (a matmul is ~4x slower than float32 there), so it must get float32.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert training_dtype("cpu") == expected
+    assert native_bfloat16("cpu") == (expected == torch.bfloat16)
+    assert training_dtype("cuda") == torch.bfloat16  # a GPU: no probe needed, none runs
+
+
+def test_train_cli_leaves_precision_to_the_device_unless_asked():
+    from sglang_dflash.train.__main__ import build_parser
+
+    auto = build_parser().parse_args(["fit"])
+    assert auto.data_dtype is None and auto.bf16_autocast is None
+    forced = build_parser().parse_args(["all", "--data-dtype", "bfloat16", "--no-bf16-autocast"])
+    assert forced.data_dtype == "bfloat16" and forced.bf16_autocast is False

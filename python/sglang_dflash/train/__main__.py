@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num-prompts", type=int, default=2400)
     data.add_argument("--shard-size", type=int, default=48, help="prompts per generation batch and shard")
     data.add_argument("--max-new-tokens", type=int, default=320)
-    data.add_argument("--data-dtype", choices=DTYPES, default="bfloat16", help="target dtype for data and features")
+    data.add_argument("--data-dtype", choices=DTYPES, default=None,
+                      help="target dtype for data and features (default: bfloat16 where the device runs it natively, "
+                           "else float32)")
     data.add_argument("--data-time-budget", type=float, default=None, help="stop preparing after this many seconds")
     data.add_argument("--seed", type=int, default=0)
     fit = parser.add_argument_group("fit")
@@ -39,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--lr", type=float, default=6e-4)
     fit.add_argument("--eval-every", type=int, default=100)
     fit.add_argument("--fit-time-budget", type=float, default=None, help="stop fitting after this many seconds")
+    fit.add_argument("--bf16-autocast", action=argparse.BooleanOptionalAction, default=None,
+                     help="train under bf16 autocast (default: where the device runs bf16 natively)")
     fit.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=True,
                      help="start the draft layers from the target's top layers")
     return parser
@@ -48,9 +52,11 @@ def run_prepare(args) -> int:
     from ..targets import TargetModel, load_tokenizer
     from .data import prepare
     from .prompts import training_prompts
-    from .recipe import drafter_config_for
+    from .recipe import drafter_config_for, training_dtype
 
-    target = TargetModel.from_pretrained(args.target, dtype=DTYPES[args.data_dtype], device=args.device)
+    dtype = DTYPES[args.data_dtype] if args.data_dtype else training_dtype(args.device)
+    print(f"target in {str(dtype).removeprefix('torch.')} on {args.device}")
+    target = TargetModel.from_pretrained(args.target, dtype=dtype, device=args.device)
     config = drafter_config_for(target)
     prompts = training_prompts(args.num_prompts, seed=args.seed)
     done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,

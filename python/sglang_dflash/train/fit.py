@@ -299,7 +299,7 @@ class Trainer:
 
 def run_fit(args) -> dict[str, float]:
     from ..targets import TargetModel
-    from .recipe import drafter_config_for
+    from .recipe import drafter_config_for, native_bfloat16
 
     target = TargetModel.from_pretrained(args.target, dtype=torch.float32)
     config = drafter_config_for(target)
@@ -315,11 +315,13 @@ def run_fit(args) -> dict[str, float]:
     data = FeatureSet.load(args.run_dir / "data")
     cfg = FitConfig(steps=args.steps, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
-                    seed=args.seed, device=args.device)
+                    seed=args.seed, device=args.device,
+                    autocast_bf16=native_bfloat16(args.device) if args.bf16_autocast is None else args.bf16_autocast)
     trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
     resumed = trainer.resume()
     print(f"{len(trainer.train_ids)} training and {len(trainer.heldout_ids)} held-out answers, "
-          f"{data.num_response_tokens} answer tokens; {'resumed at step ' + str(trainer.step) if resumed else 'from scratch'}")
+          f"{data.num_response_tokens} answer tokens; bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; "
+          f"{'resumed at step ' + str(trainer.step) if resumed else 'from scratch'}")
     return trainer.fit()
 
 

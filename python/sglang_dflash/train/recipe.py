@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..config import FULL_ATTENTION, DFlashConfig
 
 BLOCK_SIZE = 16
@@ -43,3 +45,20 @@ def drafter_config_for(target, num_layers: int = NUM_DRAFT_LAYERS, block_size: i
         vocab_size=target.vocab_size,
     )
     return DFlashConfig.from_dict(config.to_dict())
+
+
+def native_bfloat16(device: str | torch.device) -> bool:
+    """Whether bf16 arithmetic is fast on `device`: any GPU, or a CPU with AVX512-BF16 or AMX.
+
+    Elsewhere (AVX2-only CPUs, e.g. AMD Zen 3) torch emulates bf16 and a bf16 matmul is about four
+    times slower than a float32 one, so training and data generation run in float32 there.
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        return True
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def training_dtype(device: str | torch.device) -> torch.dtype:
+    return torch.bfloat16 if native_bfloat16(device) else torch.float32
