@@ -11,7 +11,7 @@ import torch
 
 from sglang_dflash.config import FULL_ATTENTION, SLIDING_ATTENTION, DFlashConfig
 from sglang_dflash.drafter import DFlashDrafter, DraftContext
-from sglang_dflash.train.data import FeatureSet, prepare
+from sglang_dflash.train.data import FeatureSet, archive_responses, import_responses, prepare
 from sglang_dflash.train.fit import (
     FitConfig,
     Trainer,
@@ -188,6 +188,33 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     p = len(first["prompt_ids"])
     assert data.labels[p - 1 : len(ids) - 1].tolist() == first["response_ids"]
 
+    # Archived answers replace generation on another machine: with max_new_tokens=1 a generated
+    # answer would be one token long, so equal features prove that the archived answers were used.
+    archive_responses(tmp_path, tmp_path / "archive")
+    elsewhere = tmp_path / "elsewhere"
+    assert len(import_responses(tmp_path / "archive", elsewhere)) == 2
+    assert prepare(elsewhere, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=1) == 2
+    again = FeatureSet.load(elsewhere)
+    assert torch.equal(again.token_ids, data.token_ids) and torch.equal(again.features, data.features)
+
+
+def test_answer_archive_round_trip_never_overwrites(tmp_path):
+    responses = tmp_path / "run" / "responses"
+    responses.mkdir(parents=True)
+    for index in range(2):
+        (responses / f"shard-0000{index}.jsonl").write_text(json.dumps({"prompt": f"p{index}", "response_ids": [index]}) + "\n")
+    archive = tmp_path / "archive"
+    assert [p.name for p in archive_responses(tmp_path / "run", archive)] == ["shard-00000.jsonl.gz", "shard-00001.jsonl.gz"]
+    assert archive_responses(tmp_path / "run", archive) == []  # already archived
+    target = tmp_path / "new"
+    (target / "responses").mkdir(parents=True)
+    (target / "responses" / "shard-00001.jsonl").write_text("kept\n")
+    assert [p.name for p in import_responses(archive, target)] == ["shard-00000.jsonl"]
+    assert (target / "responses" / "shard-00000.jsonl").read_bytes() == (responses / "shard-00000.jsonl").read_bytes()
+    assert (target / "responses" / "shard-00001.jsonl").read_text() == "kept\n"
+    with pytest.raises(FileNotFoundError, match="no answer shards"):
+        import_responses(tmp_path / "empty", target)
+
 
 @pytest.mark.parametrize("avx512_bf16, amx, expected", [
     (False, False, torch.float32), (True, False, torch.bfloat16), (False, True, torch.bfloat16),
@@ -208,3 +235,15 @@ def test_train_cli_leaves_precision_to_the_device_unless_asked():
     assert auto.data_dtype is None and auto.bf16_autocast is None
     forced = build_parser().parse_args(["all", "--data-dtype", "bfloat16", "--no-bf16-autocast"])
     assert forced.data_dtype == "bfloat16" and forced.bf16_autocast is False
+
+
+def test_archive_stage_of_the_cli(tmp_path, capsys):
+    from sglang_dflash.train.__main__ import main
+
+    (tmp_path / "run" / "data" / "responses").mkdir(parents=True)
+    (tmp_path / "run" / "data" / "responses" / "shard-00000.jsonl").write_text("{}\n")
+    assert main(["archive", "--run-dir", str(tmp_path / "run"), "--to", str(tmp_path / "archive")]) == 0
+    assert "1 answer shards archived" in capsys.readouterr().out
+    assert (tmp_path / "archive" / "shard-00000.jsonl.gz").exists()
+    with pytest.raises(SystemExit, match="needs --to"):
+        main(["archive", "--run-dir", str(tmp_path / "run")])

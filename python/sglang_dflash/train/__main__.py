@@ -1,6 +1,8 @@
 """python -m sglang_dflash.train: prepare data, fit a drafter, or both (every stage resumes after a kill).
 
-  prepare  generate the target's answers to our prompts and cache its features (data/ under --run-dir)
+  prepare  generate the target's answers to our prompts and cache its features (data/ under --run-dir);
+           --responses-from DIR first takes the answer shards archived there instead of generating them
+  archive  gzip the run's answer shards into --to DIR (a few hundred KB each), for --responses-from
   fit      train the drafter on the cached features (checkpoints/ and drafter/ under --run-dir)
   all      prepare, then fit
 """
@@ -19,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sglang_dflash.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["prepare", "fit", "all"])
+    parser.add_argument("stage", choices=["prepare", "fit", "all", "archive"])
     parser.add_argument("--target", default="smollm2", help="target directory, .gguf file or `smollm2`")
     parser.add_argument("--run-dir", type=Path, default=Path("runs/smollm2-drafter"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -33,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "else float32)")
     data.add_argument("--data-time-budget", type=float, default=None, help="stop preparing after this many seconds")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--responses-from", type=Path, default=None,
+                      help="a directory of archived answer shards to use before generating any")
+    parser.add_argument("--to", type=Path, default=None, help="archive: where the gzipped answer shards go")
     fit = parser.add_argument_group("fit")
     fit.add_argument("--steps", type=int, default=2000)
     fit.add_argument("--sequences-per-step", type=int, default=8)
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_prepare(args) -> int:
     from ..targets import TargetModel, load_tokenizer
-    from .data import prepare
+    from .data import import_responses, prepare
     from .prompts import training_prompts
     from .recipe import drafter_config_for, training_dtype
 
@@ -59,14 +64,29 @@ def run_prepare(args) -> int:
     target = TargetModel.from_pretrained(args.target, dtype=dtype, device=args.device)
     config = drafter_config_for(target)
     prompts = training_prompts(args.num_prompts, seed=args.seed)
+    if args.responses_from is not None:
+        imported = import_responses(args.responses_from, args.run_dir / "data")
+        print(f"{len(imported)} answer shards taken from {args.responses_from}")
     done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,
                    args.shard_size, args.max_new_tokens, args.data_time_budget)
     print(f"{done} data shards ready under {args.run_dir / 'data'}")
     return 0
 
 
+def run_archive(args) -> int:
+    from .data import archive_responses
+
+    if args.to is None:
+        raise SystemExit("archive needs --to DIR")
+    written = archive_responses(args.run_dir / "data", args.to)
+    print(f"{len(written)} answer shards archived under {args.to}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.stage == "archive":
+        return run_archive(args)
     torch.manual_seed(args.seed)
     if args.stage in ("prepare", "all"):
         run_prepare(args)

@@ -7,10 +7,16 @@ killed run resumes where it stopped:
       token_ids [N] int64, labels [N] int64 (the target's argmax after each token: its own next token),
       features [N, K*H] (outputs of the drafter's target layers), offsets [S+1], prompt_lens [S]
 Features are computed once here so that training epochs never run the target again.
+
+Generating answers is the slow part on a CPU (tens of tokens/s); features are one forward each.
+`archive_responses` keeps answer shards as small gzip files (token ids only) and
+`import_responses` puts them back into a new data directory, so another machine recomputes only
+the features.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import dataclass
@@ -119,6 +125,33 @@ def prepare(
         _write_atomically(feature_file, lambda p: save_file(tensors, str(p)))
         done += 1
     return done
+
+
+def archive_responses(data_dir: Path, archive: Path) -> list[Path]:
+    """gzip every answer shard of `data_dir` that `archive` lacks into `archive`; returns the new files."""
+    archive.mkdir(parents=True, exist_ok=True)
+    written = []
+    for shard in sorted((Path(data_dir) / RESPONSES).glob("shard-*.jsonl")):
+        packed = archive / f"{shard.name}.gz"
+        if not packed.exists():
+            _write_atomically(packed, lambda p: p.write_bytes(gzip.compress(shard.read_bytes(), mtime=0)))
+            written.append(packed)
+    return written
+
+
+def import_responses(archive: Path, data_dir: Path) -> list[Path]:
+    """Unpack the archived answer shards that `data_dir` lacks (their features are computed by `prepare`)."""
+    packed_files = sorted(Path(archive).glob("shard-*.jsonl.gz"))
+    if not packed_files:
+        raise FileNotFoundError(f"no answer shards (shard-NNNNN.jsonl.gz) under {archive}")
+    (Path(data_dir) / RESPONSES).mkdir(parents=True, exist_ok=True)
+    imported = []
+    for packed in packed_files:
+        target = Path(data_dir) / RESPONSES / packed.name.removesuffix(".gz")
+        if not target.exists():
+            _write_atomically(target, lambda p: p.write_bytes(gzip.decompress(packed.read_bytes())))
+            imported.append(target)
+    return imported
 
 
 @dataclass
