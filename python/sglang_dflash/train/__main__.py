@@ -2,7 +2,7 @@
 
   prepare  generate the target's answers to our prompts and cache its features (data/ under --run-dir);
            --responses-from DIR first takes the answer shards archived there instead of generating them
-  archive  gzip the run's answer shards into --to DIR (a few hundred KB each), for --responses-from
+  archive  gzip the run's answer shards into --to DIR (about 20 KB per 64 answers), for --responses-from
   fit      train the drafter on the cached features (checkpoints/ and drafter/ under --run-dir)
   all      prepare, then fit
 """
