@@ -59,14 +59,15 @@ def run_prepare(args) -> int:
     from .prompts import training_prompts
     from .recipe import drafter_config_for, training_dtype
 
+    # Before the target loads: a wrong archive path fails at once.
+    if args.responses_from is not None:
+        imported = import_responses(args.responses_from, args.run_dir / "data")
+        print(f"{len(imported)} answer shards taken from {args.responses_from}")
     dtype = DTYPES[args.data_dtype] if args.data_dtype else training_dtype(args.device)
     print(f"target in {str(dtype).removeprefix('torch.')} on {args.device}")
     target = TargetModel.from_pretrained(args.target, dtype=dtype, device=args.device)
     config = drafter_config_for(target)
     prompts = training_prompts(args.num_prompts, seed=args.seed)
-    if args.responses_from is not None:
-        imported = import_responses(args.responses_from, args.run_dir / "data")
-        print(f"{len(imported)} answer shards taken from {args.responses_from}")
     done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,
                    args.shard_size, args.max_new_tokens, args.data_time_budget)
     print(f"{done} data shards ready under {args.run_dir / 'data'}")
