@@ -17,7 +17,10 @@ from sglang_dflash.train.fit import (
     Trainer,
     acceptance_lengths,
     draft_logits,
+    greedy_path_length,
+    initialize_from_drafter,
     pack,
+    split_sequences,
     position_weights,
 )
 from sglang_dflash.train.prompts import training_prompts
@@ -37,12 +40,17 @@ def tiny_config(layer_types=(FULL_ATTENTION, FULL_ATTENTION), window=None, causa
 
 
 def random_feature_set(lengths=(30, 23, 41), prompt_lens=(5, 7, 4), seed=0) -> FeatureSet:
+    """Random sequences as the target's own answers: each label is the sequence's next token."""
     generator = torch.Generator().manual_seed(seed)
     total = sum(lengths)
     starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
+    token_ids = torch.randint(0, VOCAB - 1, (total,), generator=generator)
+    labels = torch.roll(token_ids, -1)
+    ends = starts + torch.tensor(lengths) - 1
+    labels[ends] = torch.randint(0, VOCAB - 1, (len(lengths),), generator=generator)
     return FeatureSet(
-        token_ids=torch.randint(0, VOCAB - 1, (total,), generator=generator),
-        labels=torch.randint(0, VOCAB - 1, (total,), generator=generator),
+        token_ids=token_ids,
+        labels=labels,
         features=torch.randn(total, 2 * HIDDEN, generator=generator),
         starts=starts, lengths=torch.tensor(lengths), prompt_lens=torch.tensor(prompt_lens),
     )
@@ -86,6 +94,41 @@ def test_labels_are_the_targets_next_tokens_and_stop_at_the_sequence_end():
     assert (batch.block_ids[0, 1:BLOCK] == VOCAB - 1).all()
     assert batch.label_valid[0, 0].tolist() == [True, True] + [False] * (BLOCK - 3)
     assert batch.labels[0, 0, :2].tolist() == data.labels[start + 20 : start + 22].tolist()
+
+
+def test_labels_stop_where_the_text_leaves_the_targets_greedy_path():
+    """On text the target did not write, a label after a token the target would not choose is not greedy output."""
+    data = random_feature_set()
+    start, anchor = int(data.starts[0]), 5
+    data.labels[start + anchor + 3] = (data.token_ids[start + anchor + 4] + 1) % (VOCAB - 1)  # target disagrees at +4
+    batch = pack(data, [0], [[anchor]], BLOCK, VOCAB - 1)
+    # labels k = 0..3 follow tokens that agree with the target; label 4 is its choice after a token it would not pick.
+    assert batch.label_valid[0, 0].tolist() == [True] * 4 + [False] * (BLOCK - 5)
+    assert greedy_path_length(data.token_ids, data.labels, start + anchor, 0) == 0
+
+
+def test_heldout_answers_are_generated_answers_never_corpus_text():
+    data = random_feature_set(lengths=[30] * 12, prompt_lens=[4] * 12)
+    data.sources = ["shard-corpus-00000"] * 6 + ["shard-00000"] * 3 + ["shard-00008"] * 3
+    train, heldout = split_sequences(data, 0.5, seed=0)
+    assert heldout and all(data.is_generated_answer(i) for i in heldout)
+    assert sorted(train + heldout) == list(range(12)) and not set(train) & set(heldout)
+    train, heldout = split_sequences(data, 0.5, seed=0, heldout_shards=("shard-00008",))
+    assert heldout == [9, 10, 11] and train == list(range(9))
+    with pytest.raises(ValueError, match="not in the data"):
+        split_sequences(data, 0.5, seed=0, heldout_shards=("shard-00099",))
+
+
+def test_warm_start_takes_every_weight_and_refuses_another_shape(tmp_path):
+    torch.manual_seed(0)
+    source = DFlashDrafter(tiny_config())
+    source.save_pretrained(tmp_path / "source")
+    fresh = DFlashDrafter(tiny_config())
+    initialize_from_drafter(fresh, tmp_path / "source")
+    for (name, a), b in zip(source.state_dict().items(), fresh.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        initialize_from_drafter(DFlashDrafter(tiny_config((FULL_ATTENTION,))), tmp_path / "source")
 
 
 def test_acceptance_is_one_plus_the_leading_matches():
@@ -196,6 +239,9 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     assert prepare(elsewhere, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=1) == 2
     again = FeatureSet.load(elsewhere)
     assert torch.equal(again.token_ids, data.token_ids) and torch.equal(again.features, data.features)
+    # --no-answers: only shards already answered are featurized, nothing is generated.
+    assert prepare(tmp_path / "none", target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, generate=False) == 0
+    assert not list((tmp_path / "none" / "responses").iterdir())
 
 
 def test_answer_archive_round_trip_never_overwrites(tmp_path):

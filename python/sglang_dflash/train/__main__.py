@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--responses-from", type=Path, default=None,
                       help="a directory of archived answer shards to use before generating any")
+    data.add_argument("--corpus-sequences", type=int, default=0,
+                      help="also cache this many teacher-forced chunks of the Python standard library and "
+                           "language reference on this machine (no generation: one forward each)")
+    data.add_argument("--no-answers", action="store_true",
+                      help="generate no new answers (use archived and existing ones, and the corpus)")
     parser.add_argument("--to", type=Path, default=None, help="archive: where the gzipped answer shards go")
     fit = parser.add_argument_group("fit")
     fit.add_argument("--steps", type=int, default=2000)
@@ -50,12 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="train under bf16 autocast (default: where the device runs bf16 natively)")
     fit.add_argument("--init-from-target", action=argparse.BooleanOptionalAction, default=True,
                      help="start the draft layers from the target's top layers")
+    fit.add_argument("--init-from", type=Path, default=None,
+                     help="start from this exported drafter instead (same shape), e.g. the shipped one")
+    fit.add_argument("--heldout-shards", nargs="+", default=None, metavar="SHARD",
+                     help="hold out every answer of these shards (e.g. shard-00008) instead of a random 4%%; "
+                          "with --init-from, pick shards the starting drafter never trained on")
     return parser
 
 
 def run_prepare(args) -> int:
     from ..targets import TargetModel, load_tokenizer
-    from .data import import_responses, prepare
+    from .corpus import corpus_rows
+    from .data import import_responses, prepare, prepare_corpus
     from .prompts import training_prompts
     from .recipe import drafter_config_for, training_dtype
 
@@ -67,10 +78,15 @@ def run_prepare(args) -> int:
     print(f"target in {str(dtype).removeprefix('torch.')} on {args.device}")
     target = TargetModel.from_pretrained(args.target, dtype=dtype, device=args.device)
     config = drafter_config_for(target)
+    tokenizer = load_tokenizer(args.target)
+    if args.corpus_sequences > 0:
+        rows = corpus_rows(tokenizer, args.corpus_sequences, max_tokens=args.max_new_tokens, seed=args.seed)
+        shards = prepare_corpus(args.run_dir / "data", target, rows, config.target_layer_ids, args.shard_size)
+        print(f"{len(rows)} corpus sequences in {shards} shards")
     prompts = training_prompts(args.num_prompts, seed=args.seed)
-    done = prepare(args.run_dir / "data", target, load_tokenizer(args.target), prompts, config.target_layer_ids,
-                   args.shard_size, args.max_new_tokens, args.data_time_budget)
-    print(f"{done} data shards ready under {args.run_dir / 'data'}")
+    done = prepare(args.run_dir / "data", target, tokenizer, prompts, config.target_layer_ids,
+                   args.shard_size, args.max_new_tokens, args.data_time_budget, generate=not args.no_answers)
+    print(f"{done} answer shards ready under {args.run_dir / 'data'}")
     return 0
 
 

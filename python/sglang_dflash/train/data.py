@@ -6,6 +6,8 @@ killed run resumes where it stopped:
   features/shard-NNNNN.safetensors   the same sequences concatenated:
       token_ids [N] int64, labels [N] int64 (the target's argmax after each token: its own next token),
       features [N, K*H] (outputs of the drafter's target layers), offsets [S+1], prompt_lens [S]
+  responses/shard-corpus-NNNNN.jsonl, features/shard-corpus-NNNNN.safetensors
+                                     the same for teacher-forced text already on the machine (corpus.py)
 Features are computed once here so that training epochs never run the target again.
 
 Generating answers is the slow part on a CPU (tens of tokens/s); features are one forward each.
@@ -93,10 +95,12 @@ def prepare(
     shard_size: int,
     max_new_tokens: int,
     time_budget_s: float | None = None,
+    generate: bool = True,
 ) -> int:
-    """Generate and featurize every missing shard (resumable). Returns the number of complete shards."""
-    from safetensors.torch import save_file
+    """Generate and featurize every missing shard (resumable). Returns the number of complete shards.
 
+    With `generate=False` only shards whose answers are already there (archived ones) are featurized.
+    """
     (data_dir / RESPONSES).mkdir(parents=True, exist_ok=True)
     (data_dir / FEATURES).mkdir(parents=True, exist_ok=True)
     target.capture_layers(layer_ids)
@@ -114,24 +118,56 @@ def prepare(
             break
         if response_file.exists():
             rows = [json.loads(line) for line in response_file.read_text().splitlines()]
+        elif not generate:
+            continue
         else:
             t0 = time.monotonic()
             rows = generate_responses(target, tokenizer, prompts[index * shard_size : (index + 1) * shard_size], max_new_tokens)
-            lines = "".join(json.dumps(row) + "\n" for row in rows)
-            _write_atomically(response_file, lambda p: p.write_text(lines))
+            write_rows(response_file, rows)
             new_tokens = sum(len(r["response_ids"]) for r in rows)
             bar.set_postfix(gen_tok_s=f"{new_tokens / (time.monotonic() - t0):.0f}")
-        tensors = sequence_features(target, rows)
-        _write_atomically(feature_file, lambda p: save_file(tensors, str(p)))
+        write_features(feature_file, sequence_features(target, rows))
         done += 1
     return done
 
 
+def write_rows(path: Path, rows: list[dict]) -> None:
+    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    _write_atomically(path, lambda p: p.write_text(lines))
+
+
+def write_features(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    _write_atomically(path, lambda p: save_file(tensors, str(p)))
+
+
+def prepare_corpus(data_dir: Path, target: TargetModel, rows: list[dict], layer_ids: Sequence[int], shard_size: int) -> int:
+    """Features of the corpus rows (see `corpus.py`) as shards `shard-corpus-NNNNN`, resumable like `prepare`."""
+    from .corpus import CORPUS_PREFIX
+
+    (data_dir / RESPONSES).mkdir(parents=True, exist_ok=True)
+    (data_dir / FEATURES).mkdir(parents=True, exist_ok=True)
+    target.capture_layers(layer_ids)
+    num_shards = (len(rows) + shard_size - 1) // shard_size
+    for index in tqdm(range(num_shards), desc="corpus shards", unit="shard"):
+        name = f"{CORPUS_PREFIX}{index:05d}"
+        feature_file = data_dir / FEATURES / f"{name}.safetensors"
+        if not feature_file.exists():
+            shard_rows = rows[index * shard_size : (index + 1) * shard_size]
+            write_rows(data_dir / RESPONSES / f"{name}.jsonl", shard_rows)
+            write_features(feature_file, sequence_features(target, shard_rows))
+    return num_shards
+
+
 def archive_responses(data_dir: Path, archive: Path) -> list[Path]:
-    """gzip every answer shard of `data_dir` that `archive` lacks into `archive`; returns the new files."""
+    """gzip every generated answer shard of `data_dir` that `archive` lacks into `archive`; returns the new files.
+
+    Corpus shards are left out: `prepare --corpus-sequences` rebuilds them from this machine's files.
+    """
     archive.mkdir(parents=True, exist_ok=True)
     written = []
-    for shard in sorted((Path(data_dir) / RESPONSES).glob("shard-*.jsonl")):
+    for shard in sorted((Path(data_dir) / RESPONSES).glob("shard-[0-9]*.jsonl")):
         packed = archive / f"{shard.name}.gz"
         if not packed.exists():
             _write_atomically(packed, lambda p: p.write_bytes(gzip.compress(shard.read_bytes(), mtime=0)))
@@ -164,6 +200,7 @@ class FeatureSet:
     starts: torch.Tensor  # [S] first token of each sequence
     lengths: torch.Tensor  # [S]
     prompt_lens: torch.Tensor  # [S]
+    sources: list[str] | None = None  # [S] the shard each sequence came from; None: all generated answers
 
     @classmethod
     def load(cls, data_dir: Path) -> "FeatureSet":
@@ -173,9 +210,10 @@ class FeatureSet:
         if not files:
             raise FileNotFoundError(f"no feature shards under {Path(data_dir) / FEATURES}; run the prepare stage first")
         parts = [load_file(str(f)) for f in files]
-        base, starts, lengths = 0, [], []
-        for part in parts:
+        base, starts, lengths, sources = 0, [], [], []
+        for file, part in zip(files, parts):
             offsets = part["offsets"]
+            sources += [file.name.removesuffix(".safetensors")] * (len(offsets) - 1)
             starts.append(offsets[:-1] + base)
             lengths.append(offsets[1:] - offsets[:-1])
             base += int(offsets[-1])
@@ -186,10 +224,15 @@ class FeatureSet:
             starts=torch.cat(starts),
             lengths=torch.cat(lengths),
             prompt_lens=torch.cat([p["prompt_lens"] for p in parts]),
+            sources=sources,
         )
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
+
+    def is_generated_answer(self, sequence: int) -> bool:
+        """A target answer from `prepare` (shard-NNNNN), not a teacher-forced corpus chunk."""
+        return self.sources is None or self.sources[sequence].removeprefix("shard-").isdigit()
 
     @property
     def num_response_tokens(self) -> int:

@@ -43,6 +43,7 @@ class FitConfig:
     eval_every: int = 100
     save_every: int = 25
     heldout_fraction: float = 0.04
+    heldout_shards: tuple[str, ...] | None = None
     eval_anchors: int = 384
     time_budget_s: float | None = None
     autocast_bf16: bool = True
@@ -84,11 +85,24 @@ def pack(data: FeatureSet, sequences: list[int], anchors: list[list[int]], block
         for a, p in enumerate(anchors[row]):
             block_ids[row, a * block_size] = tokens[p]
             # labels[i] is the target's token after token i, so position p+k is predicted by labels[p+k-1].
-            last = min(p + block_size - 1, length - 1)
-            count = last - p
+            count = greedy_path_length(tokens, targets, p, min(p + block_size - 1, length - 1) - p)
             labels[row, a, :count] = targets[p : p + count]
             label_valid[row, a, :count] = True
     return PackedBatch(features, context_valid, block_ids, block_positions, anchor_positions, labels, label_valid)
+
+
+def greedy_path_length(tokens: torch.Tensor, targets: torch.Tensor, anchor: int, count: int) -> int:
+    """How many of the `count` labels after `anchor` lie on the target's own greedy path.
+
+    Label k is the target's choice after tokens[..anchor+k]; it is what greedy decoding would
+    produce only while the text itself follows the target (tokens[anchor+j+1] == targets[anchor+j]
+    for j < k). On the target's own answers that holds everywhere; on other text (a corpus, or
+    answers generated in another precision) the labels stop at the first departure.
+    """
+    if count <= 0:
+        return 0
+    agrees = tokens[anchor + 1 : anchor + count] == targets[anchor : anchor + count - 1]
+    return 1 + int(agrees.long().cumprod(0).sum())
 
 
 def packed_visibility(batch: PackedBatch, block_size: int, window: int | None, causal: bool) -> torch.Tensor:
@@ -152,12 +166,22 @@ def acceptance_lengths(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor
     return 1 + correct.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def split_sequences(data: FeatureSet, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def split_sequences(data: FeatureSet, heldout_fraction: float, seed: int,
+                    heldout_shards: tuple[str, ...] | None = None) -> tuple[list[int], list[int]]:
+    """(training, held-out) sequence ids. Held-out answers are always generated answers, never corpus
+    text: either every answer of `heldout_shards` or a random `heldout_fraction` of all answers."""
     usable = [i for i in range(len(data)) if int(data.lengths[i] - data.prompt_lens[i]) >= 2]
-    rng = random.Random(seed)
-    rng.shuffle(usable)
-    cut = max(1, int(len(usable) * heldout_fraction))
-    return sorted(usable[cut:]), sorted(usable[:cut])
+    if heldout_shards:
+        unknown = set(heldout_shards) - set(data.sources or ())
+        if unknown:
+            raise ValueError(f"held-out shards {sorted(unknown)} are not in the data")
+        heldout = [i for i in usable if data.sources[i] in heldout_shards]
+    else:
+        answers = [i for i in usable if data.is_generated_answer(i)]
+        random.Random(seed).shuffle(answers)
+        heldout = answers[: max(1, int(len(answers) * heldout_fraction))]
+    chosen = set(heldout)
+    return [i for i in usable if i not in chosen], sorted(heldout)
 
 
 def sample_anchors(data: FeatureSet, sequence: int, count: int, rng: random.Random) -> list[int]:
@@ -178,7 +202,7 @@ class Trainer:
         self.data, self.cfg = data, cfg
         self.run_dir = Path(run_dir)
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        self.train_ids, self.heldout_ids = split_sequences(data, cfg.heldout_fraction, cfg.seed)
+        self.train_ids, self.heldout_ids = split_sequences(data, cfg.heldout_fraction, cfg.seed, cfg.heldout_shards)
         self.train_ids = [i for i in self.train_ids if fits_context(data, i, cfg.max_context)]
         self.weights = position_weights(drafter.config.block_size, cfg.gamma).to(self.device)
         decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2]
@@ -305,7 +329,9 @@ def run_fit(args) -> dict[str, float]:
     config = drafter_config_for(target)
     torch.manual_seed(args.seed)
     drafter = DFlashDrafter(config)
-    if args.init_from_target:
+    if args.init_from is not None:
+        initialize_from_drafter(drafter, args.init_from)
+    elif args.init_from_target:
         initialize_from_target(drafter, target)
     embedding, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
     if type(embedding) is not torch.nn.Embedding or embedding.weight.data_ptr() != head.weight.data_ptr():
@@ -315,13 +341,16 @@ def run_fit(args) -> dict[str, float]:
     data = FeatureSet.load(args.run_dir / "data")
     cfg = FitConfig(steps=args.steps, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
-                    seed=args.seed, device=args.device,
+                    seed=args.seed, device=args.device, heldout_shards=tuple(args.heldout_shards or ()) or None,
                     autocast_bf16=native_bfloat16(args.device) if args.bf16_autocast is None else args.bf16_autocast)
     trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
     resumed = trainer.resume()
-    print(f"{len(trainer.train_ids)} training and {len(trainer.heldout_ids)} held-out answers, "
-          f"{data.num_response_tokens} answer tokens; bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; "
-          f"{'resumed at step ' + str(trainer.step) if resumed else 'from scratch'}")
+    start = "from " + str(args.init_from) if args.init_from is not None else "from scratch"
+    corpus = sum(not data.is_generated_answer(i) for i in range(len(data)))
+    print(f"{len(trainer.train_ids)} training sequences ({corpus} of them corpus text) and "
+          f"{len(trainer.heldout_ids)} held-out answers, {data.num_response_tokens} answer tokens; "
+          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; "
+          f"{'resumed at step ' + str(trainer.step) if resumed else start}")
     return trainer.fit()
 
 
@@ -339,3 +368,13 @@ def initialize_from_target(drafter: DFlashDrafter, target) -> None:
         own.update({name: tensor for name, tensor in source.items() if name in own and own[name].shape == tensor.shape})
         draft_layer.load_state_dict(own)
     drafter.norm.weight.data.copy_(target.model.model.norm.weight.data)
+
+
+def initialize_from_drafter(drafter: DFlashDrafter, path: Path) -> None:
+    """Warm start: every weight from an exported drafter of exactly this shape (e.g. the shipped one)."""
+    source = DFlashDrafter.from_pretrained(path, dtype=torch.float32)
+    if source.config.to_dict() != drafter.config.to_dict():
+        mine, theirs = drafter.config.to_dict(), source.config.to_dict()
+        differing = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise ValueError(f"drafter {path} has another shape than this recipe's; differing config keys: {differing}")
+    drafter.load_state_dict(source.state_dict())
