@@ -11,7 +11,7 @@ served by the wrong worker, gets its column marked as failed with the error; it 
 
 The default size (4 timed prompts per run but at least one per client, 24 new tokens, warm-up requests of
 4 tokens, the five sets at concurrency 1, 8 and 32)
-finished in 27 minutes on a quiet 2-core machine (2026-12-03); --full runs the whole sets with
+finished in 17 to 27 minutes on a quiet 2-core machine (2026-12-04, 2026-12-03); --full runs the whole sets with
 2048 new tokens (hours on a CPU). The CPU is noisy: read the ratios, which compare servers measured
 in the same run, rather than the absolute figures.
 """
