@@ -145,3 +145,19 @@ def test_bad_checkpoints_fail_with_a_clear_list(checkpoints, tmp_path):
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         DFlashDrafter.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_logits_of_a_strided_block_equal_row_by_row_head(checkpoints, softcap):
+    # The head gets one flattened matrix (the fast CPU path); the result must be the head of each row.
+    drafter = DFlashDrafter.from_pretrained(_drafter_dir(checkpoints))
+    drafter.config.final_logit_softcapping = softcap
+    head = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(3))
+    hidden = torch.randn(3, drafter.block_size, HIDDEN, generator=torch.Generator().manual_seed(4))[:, 1:]
+    assert not hidden.is_contiguous()
+    logits = drafter.logits(hidden, lambda rows: rows @ head.t())
+    expected = torch.stack([torch.stack([row @ head.t() for row in block]) for block in hidden])
+    if softcap:
+        expected = torch.tanh(expected / softcap) * softcap
+    assert logits.shape == (3, drafter.block_size - 1, VOCAB)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)

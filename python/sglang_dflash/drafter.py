@@ -328,8 +328,14 @@ class DFlashDrafter(nn.Module):
         return self.norm(hidden)
 
     def logits(self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Draft logits through the target's LM head, softcapped when the drafter is configured so."""
-        logits = lm_head(hidden).float()
+        """Draft logits through the target's LM head, softcapped when the drafter is configured so.
+
+        `hidden` [..., H] goes to the head as one contiguous [N, H] matrix: a strided 3-D input
+        (e.g. a block's positions 1..B-1) makes torch take a batched path, 1.6x slower on a CPU.
+        """
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        logits = lm_head(flat).float()
+        logits = logits.view(*hidden.shape[:-1], logits.shape[-1])
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -83,7 +83,7 @@ class DFlashWorker(BaseSpecWorker):
 
         def lm_head(hidden):
             # Parallel LM heads pad the vocabulary; padded rows must never win the argmax.
-            return torch.matmul(hidden.to(head.weight.dtype), head.weight.t())[..., :vocab]
+            return torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight[:vocab])
 
         requested = getattr(self.server_args, "speculative_draft_attention_backend", None)
         core = resolve_draft_attention_core(requested, self.device, self.drafter.fc.weight.dtype)
