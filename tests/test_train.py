@@ -186,9 +186,12 @@ def test_fit_learns_exports_and_reports(tmp_path):
     data.token_ids = torch.cat([torch.full((int(n),), int(token)) for n, token in zip(data.lengths, tokens)])
     data.labels = data.token_ids.clone()
     trainer.eval_batches = trainer._heldout_batches()
-    before = trainer.evaluate()["heldout_acceptance"]
+    before = trainer.evaluate()
     metrics = trainer.fit()
-    assert metrics["heldout_acceptance"] > before + 1.0
+    assert metrics["heldout_acceptance"] > before["heldout_acceptance"] + 1.0
+    # The replayed decode of the held-out answers rises too, and it is what picked the export.
+    assert metrics["heldout_replay"] > before["heldout_replay"] + 1.0
+    assert trainer.best_acceptance == max(m["heldout_replay"] for m in trainer.history)
     exported = DFlashDrafter.from_pretrained(tmp_path / "drafter")
     assert exported.config.block_size == BLOCK
     assert (tmp_path / "checkpoints" / "last.pt").exists()
@@ -293,3 +296,49 @@ def test_archive_stage_of_the_cli(tmp_path, capsys):
     assert (tmp_path / "archive" / "shard-00000.jsonl.gz").exists()
     with pytest.raises(SystemExit, match="needs --to"):
         main(["archive", "--run-dir", str(tmp_path / "run")])
+
+
+def test_lazy_leading_matches_equal_the_acceptance_rule():
+    """`replay.leading_matches` computes a row's logits only while it matches; the lengths must not change."""
+    from types import SimpleNamespace
+
+    from sglang_dflash.train.replay import leading_matches
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, BLOCK - 1, VOCAB, generator=generator)
+    labels = logits.argmax(-1)
+    for row, miss in enumerate([0, 2, 5, BLOCK - 2, None, 1]):
+        if miss is not None:
+            labels[row, miss] = (labels[row, miss] + 1) % VOCAB
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    valid[4, 4:] = False  # the answer ends after 4 labels
+    batch = SimpleNamespace(labels=labels[:, None], label_valid=valid[:, None])
+    head_is_identity = SimpleNamespace(logits=lambda hidden, head: hidden)  # hidden states stand in for logits
+    lazy = leading_matches(head_is_identity, torch.zeros(1), logits, labels, valid)
+    assert lazy.tolist() == acceptance_lengths(logits[:, None], batch).flatten().tolist() == [1, 3, 6, BLOCK - 1, 5, 2]
+
+
+@pytest.mark.slow
+def test_replayed_decode_equals_the_reference_decoder_step_by_step():
+    """Replaying greedy decoding on the target's cached answer gives the real decode's acceptance lengths."""
+    from sglang_dflash.generate import encode, stop_ids
+    from sglang_dflash.reference import ReferenceDecoder
+    from sglang_dflash.targets import TargetModel, load_tokenizer, smollm2_hf_dir
+    from sglang_dflash.train.replay import replay_acceptance
+
+    shipped = Path(__file__).resolve().parents[1] / "python" / "sglang_dflash" / "assets" / "smollm2-dflash"
+    tokenizer = load_tokenizer(smollm2_hf_dir())
+    target = TargetModel.from_pretrained(smollm2_hf_dir(), dtype=torch.float32)
+    drafter = DFlashDrafter.from_pretrained(shipped, dtype=torch.float32)
+    prompt = encode(tokenizer, "Write a quicksort in Python.", chat=True)
+    with torch.no_grad():
+        (generation,) = ReferenceDecoder(target, drafter, 16).generate([prompt], 40, stop_token_ids=stop_ids(tokenizer, target))
+        assert max(generation.acceptance_lengths) > 1, "a decode that accepts nothing would not test the replay"
+        ids = torch.tensor(prompt + generation.output_ids)
+        target.capture_layers(drafter.config.target_layer_ids)
+        logits, features = target.forward(ids, torch.arange(len(ids)), target.new_cache())
+    data = FeatureSet(token_ids=ids, labels=logits.argmax(-1), features=features, starts=torch.tensor([0]),
+                      lengths=torch.tensor([len(ids)]), prompt_lens=torch.tensor([len(prompt)]))
+    replayed = replay_acceptance(drafter, target.model.get_input_embeddings().weight.detach(), data, [0])
+    assert replayed["acceptance_lengths"][0] == generation.acceptance_lengths
+    assert replayed["committed_tokens"] == len(generation.output_ids) - 1

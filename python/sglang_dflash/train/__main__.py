@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--gamma", type=float, default=7.0, help="loss weight of block position k is exp(-(k-1)/gamma)")
     fit.add_argument("--lr", type=float, default=6e-4)
     fit.add_argument("--eval-every", type=int, default=100)
+    fit.add_argument("--replay-answers", type=int, default=32,
+                     help="held-out answers whose greedy decode is replayed at each evaluation; the replayed "
+                          "acceptance picks the exported drafter (0: the random-anchor estimate does)")
     fit.add_argument("--fit-time-budget", type=float, default=None, help="stop fitting after this many seconds")
     fit.add_argument("--bf16-autocast", action=argparse.BooleanOptionalAction, default=None,
                      help="train under bf16 autocast (default: where the device runs bf16 natively)")
