@@ -11,7 +11,7 @@ import torch
 
 from sglang_dflash.config import FULL_ATTENTION, SLIDING_ATTENTION, DFlashConfig
 from sglang_dflash.drafter import DFlashDrafter, DraftContext
-from sglang_dflash.train.data import FeatureSet, archive_responses, import_responses, prepare
+from sglang_dflash.train.data import FeatureSet, answered_prompts, archive_responses, import_responses, prepare
 from sglang_dflash.train.fit import (
     FitConfig,
     Trainer,
@@ -23,7 +23,7 @@ from sglang_dflash.train.fit import (
     split_sequences,
     position_weights,
 )
-from sglang_dflash.train.prompts import training_prompts
+from sglang_dflash.train.prompts import gsm8k_train_questions, training_prompts
 from sglang_dflash.train.recipe import native_bfloat16, training_dtype
 
 HIDDEN, VOCAB, BLOCK = 32, 97, 8
@@ -197,18 +197,37 @@ def test_fit_learns_exports_and_reports(tmp_path):
     assert (tmp_path / "checkpoints" / "last.pt").exists()
 
 
-def test_training_prompts_are_balanced_and_not_benchmark_rows():
-    prompts = training_prompts(500, seed=0)
-    assert len(prompts) == len(set(prompts)) == 500
-    boxed = sum("\\boxed{}" in p for p in prompts)
+@pytest.mark.parametrize("mix", ["v1", "v2"])
+def test_training_prompts_are_balanced_and_not_benchmark_rows(mix):
+    prompts = training_prompts(3200, seed=0, mix=mix)
+    assert len(prompts) == len(set(prompts)) == 3200
+    head = prompts[:500]
+    boxed = sum("\\boxed{}" in p for p in head)
     code = sum("```python" in p or p.lower().startswith(("write a function", "write a python", "create a function"))
-               for p in prompts)
+               for p in head)
     assert 150 <= boxed <= 250 and 150 <= code <= 250
     shared = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
     files = sorted(shared.glob("*.jsonl")) or sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "data").glob("*.jsonl"))
     assert files, "benchmark sets not found"
     benchmark_turns = {turn for f in files for line in f.read_text().splitlines() for turn in json.loads(line)["turns"]}
     assert not benchmark_turns & set(prompts)
+    if mix == "v2":  # GSM8K's training questions, never its test questions
+        gsm8k_test = {turn.split("\nPlease reason")[0] for f in files if f.stem == "gsm8k"
+                      for line in f.read_text().splitlines() for turn in json.loads(line)["turns"]}
+        assert len(gsm8k_train_questions()) == 7473 and not gsm8k_test & set(gsm8k_train_questions())
+        assert sum(p.split("\nPlease reason")[0] in set(gsm8k_train_questions()) for p in head) >= 70
+
+
+def test_new_prompts_skip_those_already_answered(tmp_path):
+    responses = tmp_path / "responses"
+    responses.mkdir()
+    answered = training_prompts(10, seed=0)[:4]
+    (responses / "shard-00000.jsonl").write_text("".join(json.dumps({"prompt": p, "response_ids": [1]}) + "\n" for p in answered))
+    assert answered_prompts(tmp_path) == frozenset(answered)
+    fresh = training_prompts(10, seed=0, exclude=answered_prompts(tmp_path))
+    assert len(fresh) == 10 and not set(answered) & set(fresh)
+    with pytest.raises(ValueError, match="unknown prompt mix"):
+        training_prompts(3, mix="v9")
 
 
 @pytest.mark.slow

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num-prompts", type=int, default=2400)
     data.add_argument("--shard-size", type=int, default=48, help="prompts per generation batch and shard")
     data.add_argument("--max-new-tokens", type=int, default=320)
+    data.add_argument("--prompt-mix", choices=["v1", "v2"], default="v2",
+                      help="the prompt styles of new answers (train/prompts.py); the archived shards 0-15 are v1")
     data.add_argument("--data-dtype", choices=DTYPES, default=None,
                       help="target dtype for data and features (default: bfloat16 where the device runs it natively, "
                            "else float32)")
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_prepare(args) -> int:
     from ..targets import TargetModel, load_tokenizer
     from .corpus import corpus_rows
-    from .data import import_responses, prepare, prepare_corpus
+    from .data import answered_prompts, import_responses, prepare, prepare_corpus
     from .prompts import training_prompts
     from .recipe import drafter_config_for, training_dtype
 
@@ -86,7 +88,9 @@ def run_prepare(args) -> int:
         rows = corpus_rows(tokenizer, args.corpus_sequences, max_tokens=args.max_new_tokens, seed=args.seed)
         shards = prepare_corpus(args.run_dir / "data", target, rows, config.target_layer_ids, args.shard_size)
         print(f"{len(rows)} corpus sequences in {shards} shards")
-    prompts = training_prompts(args.num_prompts, seed=args.seed)
+    # Shards already there keep their answers; the new ones get prompts none of them answered.
+    prompts = training_prompts(args.num_prompts, seed=args.seed, mix=args.prompt_mix,
+                               exclude=answered_prompts(args.run_dir / "data"))
     done = prepare(args.run_dir / "data", target, tokenizer, prompts, config.target_layer_ids,
                    args.shard_size, args.max_new_tokens, args.data_time_budget, generate=not args.no_answers)
     print(f"{done} answer shards ready under {args.run_dir / 'data'}")

@@ -175,6 +175,14 @@ def archive_responses(data_dir: Path, archive: Path) -> list[Path]:
     return written
 
 
+def answered_prompts(data_dir: Path) -> frozenset[str]:
+    """The prompts of every answer shard under `data_dir` (so that new shards do not answer them again)."""
+    found = set()
+    for path in sorted((Path(data_dir) / RESPONSES).glob("shard-[0-9]*.jsonl")):
+        found.update(json.loads(line)["prompt"] for line in path.read_text().splitlines())
+    return frozenset(found)
+
+
 def import_responses(archive: Path, data_dir: Path) -> list[Path]:
     """Unpack the archived answer shards that `data_dir` lacks (their features are computed by `prepare`)."""
     packed_files = sorted(Path(archive).glob("shard-*.jsonl.gz"))

@@ -1,22 +1,29 @@
 """Training prompts written for this project, in the five styles the benchmarks use.
 
-None of them comes from a benchmark (GSM8K, MATH-500, HumanEval, MBPP, MT-Bench): word problems
-and maths questions are templates filled with random names and numbers, coding tasks come from
-our own task list and from function signatures of the Python standard library installed on this
-machine, and chat prompts combine our own instructions and topics. The drafter learns from the
-target's answers to these prompts, so what matters is that the *style* of the answers matches
-what the benchmarks ask for, not the questions themselves.
+None of them comes from a benchmark's test split (GSM8K, MATH-500, HumanEval, MBPP, MT-Bench): word
+problems and maths questions are templates filled with random names and numbers or questions of
+GSM8K's *training* split (`prompt_sets/`), coding tasks come from our own task list and from function
+signatures of the Python standard library installed on this machine, and chat prompts combine our
+own instructions and topics. The drafter learns from the target's answers to these prompts, so what
+matters is that the *style* of the answers matches what the benchmarks ask for.
 
-`training_prompts(n, seed)` interleaves the styles so that every prefix of the list is balanced.
+`training_prompts(n, seed, mix)` interleaves the styles of a mix so that every prefix of the list is
+balanced. Mix "v1" made the archived answer shards 0-15; "v2" (the default) swaps the templated word
+problems for GSM8K training questions and adds a second, broader family of chat instructions.
 """
 
 from __future__ import annotations
 
 import ast
+import gzip
+import json
 import random
 import sysconfig
 from pathlib import Path
+from functools import lru_cache
 from typing import Callable, Iterator
+
+PROMPT_SETS = Path(__file__).parent / "prompt_sets"
 
 BOXED_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 TESTS_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -134,11 +141,11 @@ MBPP_TASKS = [
     "find the minimum of three numbers.", "check whether a given number is even or odd.",
     "count the number of uppercase letters in a string.", "find the area of a trapezium.",
     "sort a list of tuples by their second element.", "find the cube of each element of a list using a lambda.",
-    "remove all whitespace from a string.", "find the last digit of a given number.",
+    "remove all whitespace from a string.", "find the last two digits of a given number.",
     "check if all elements of a list are unique.", "find the sum of the squares of the first n natural numbers.",
     "convert a list of characters into a string.", "find the maximum product of two integers in a list.",
     "check whether a string starts with a vowel.", "return the index of the first even number in a list.",
-    "multiply all the numbers in a list.", "find the nth hexagonal number.", "remove the k-th element of a list.",
+    "multiply all the numbers in a list.", "find the nth pentagonal number.", "remove the k-th element of a list.",
     "check if a number is a perfect square.", "count the number of pairs whose xor is odd.",
     "find the length of the longest word in a sentence.", "split a string at uppercase letters.",
     "find the volume of a cuboid.", "check whether a triangle is valid given its angles.",
@@ -224,17 +231,96 @@ def _chat_prompt(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
-def training_prompts(count: int, seed: int = 0) -> list[str]:
-    """`count` prompts cycling through math, competition math, code, stdlib code and chat."""
+@lru_cache(maxsize=1)
+def gsm8k_train_questions() -> tuple[str, ...]:
+    """The 7473 questions of GSM8K's training split (openai/grade-school-math@3101c7d,
+    grade_school_math/data/train.jsonl, MIT licence); the test split is never used."""
+    packed = (PROMPT_SETS / "gsm8k-train.jsonl.gz").read_bytes()
+    return tuple(json.loads(line)["question"] for line in gzip.decompress(packed).decode().splitlines())
+
+
+def _gsm8k_train_problem(rng: random.Random) -> str:
+    return rng.choice(gsm8k_train_questions()) + BOXED_SUFFIX
+
+
+PRODUCTS = ["two popular smartphones", "two laptops for students", "electric and petrol cars", "two streaming services",
+            "e-readers and paper books", "two project management tools", "public transport and cycling to work"]
+AUDIENCES = ["a five-year-old", "a busy manager", "a first-year university student", "a retired engineer",
+             "a group of tourists", "new employees", "a skeptical investor"]
+FIELDS = ["economics", "physics", "history", "biology", "chemistry", "philosophy", "computer science",
+          "psychology", "geography", "music theory", "literature", "statistics"]
+PUZZLES = [
+    "If all bloops are razzies and all razzies are lazzies, are all bloops definitely lazzies? Explain.",
+    "A farmer has to cross a river with a wolf, a goat and a cabbage. The boat holds the farmer and one item. "
+    "How can everything get across safely?",
+    "You are in a race and overtake the person in second place. What position are you in now?",
+    "Three boxes are labelled apples, oranges and mixed, and every label is wrong. You may take one fruit "
+    "from one box. How do you relabel all boxes?",
+    "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much is the ball?",
+    "There are five houses in a row, each painted a different colour. Describe how you would reason about a "
+    "logic puzzle like this one step by step.",
+    "If it takes five machines five minutes to make five widgets, how long would it take 100 machines to make "
+    "100 widgets?",
+]
+
+
+def _broad_chat_prompt(rng: random.Random) -> str:
+    """Instructions in the spirit of MT-Bench's categories (writing, roleplay, reasoning, maths, coding,
+    extraction, STEM, humanities), written for this project with our own topics."""
+    topic, concept, field = rng.choice(ESSAY_TOPICS), rng.choice(CONCEPTS), rng.choice(FIELDS)
+    products, audience, role = rng.choice(PRODUCTS), rng.choice(AUDIENCES), rng.choice(ROLES)
+    name, n, year = rng.choice(NAMES), rng.randint(3, 8), rng.randint(1950, 2024)
+    templates = [
+        f"Compose an engaging travel blog post about a recent trip to {rng.choice(['Kyoto', 'Lisbon', 'Peru', 'Iceland', 'Morocco', 'New Zealand'])}, "
+        f"highlighting local food and places to visit.",
+        f"Draft a professional email to your manager proposing a new policy on {topic}. Keep it short.",
+        f"Write an outline for a blog post comparing {products}, with key points and subheadings.",
+        f"Write a persuasive product description for a new {rng.choice(ITEMS)} subscription box.",
+        f"Describe a vivid, unique character for a fantasy novel in fewer than {n * 20} words.",
+        f"Write a short dialogue between {role} and {rng.choice(ROLES)} about {topic}.",
+        f"Act as {role}. Answer this question in character: what is the hardest part of your job?",
+        f"Embrace the role of a career coach. Give {audience} advice on starting a career in {field}.",
+        f"Explain {concept} to {audience}, using one analogy.",
+        f"In the field of {field}, what are {n} key ideas every beginner should know? Explain each briefly.",
+        f"What were the main causes and consequences of events that shaped {field} around {year}? "
+        f"Answer as a short essay.",
+        f"Discuss the ethical questions raised by {topic}. Give arguments on both sides.",
+        PUZZLES[rng.randrange(len(PUZZLES))],
+        f"{name} has {n} siblings, and each sibling has exactly one sister. How many sisters are in the family "
+        f"if {name} is a boy? Explain your reasoning.",
+        f"Extract the names, dates and places from this text and return them as JSON: '{name} met "
+        f"{rng.choice(NAMES)} in the {rng.choice(PLACES)} on {rng.randint(1, 28)} May {year} to plan a trip.'",
+        f"Summarize the following in two sentences: {topic} has changed how people live and work. "
+        f"Supporters point to new opportunities, while critics worry about costs and fairness.",
+        f"Classify these items into categories and explain your choices: {', '.join(rng.sample(ITEMS, 5))}.",
+        f"Describe the process of {concept} step by step, and mention one common experiment or example.",
+        f"Give me a {n}-day study plan to learn the basics of {field}.",
+        f"Write a limerick about {rng.choice(ITEMS)}, then explain what makes it funny.",
+        f"Rewrite this sentence to sound more formal: 'hey, we gotta talk about {topic} asap.'",
+        f"What is the difference between {concept} and {rng.choice(CONCEPTS)}? Use a table if helpful.",
+        f"Write a Python script that reads a CSV file of {rng.choice(ITEMS)} sales and prints the total per month. "
+        f"Explain the code.",
+        f"Suggest {n} creative names for a {rng.choice(PLACES)} and explain each one.",
+    ]
+    return rng.choice(templates)
+
+
+def training_prompts(count: int, seed: int = 0, mix: str = "v2", exclude: frozenset[str] = frozenset()) -> list[str]:
+    """`count` prompts cycling through the styles of `mix` ("v1" or "v2"; see the module docstring), none of
+    them in `exclude` (e.g. prompts already answered in a run)."""
     rng = random.Random(seed)
     signatures = stdlib_signatures()
-    makers: list[Callable[[random.Random], str]] = [
-        _word_problem, _competition_math, _coding_task, lambda r: TESTS_PREFIX + r.choice(signatures) + "\n```",
-        _chat_prompt,
-    ]
+    stdlib_task = lambda r: TESTS_PREFIX + r.choice(signatures) + "\n```"  # noqa: E731
+    if mix == "v1":
+        makers: list[Callable[[random.Random], str]] = [
+            _word_problem, _competition_math, _coding_task, stdlib_task, _chat_prompt]
+    elif mix == "v2":
+        makers = [_gsm8k_train_problem, _competition_math, _coding_task, stdlib_task, _chat_prompt, _broad_chat_prompt]
+    else:
+        raise ValueError(f"unknown prompt mix {mix!r} (v1 or v2)")
     if not signatures:
-        makers.pop(3)
-    seen: set[str] = set()
+        makers.remove(stdlib_task)
+    seen: set[str] = set(exclude)
     prompts: list[str] = []
     stream: Iterator[int] = (i % len(makers) for i in range(10**9))
     attempts = 0
