@@ -29,7 +29,7 @@ serve: setup
 	$(PY) -m sglang_dflash.serve
 
 # The serving benchmark on the CPU: plain, our DFLASH and SGLang's builtin DFLASH servers in turn,
-# one table (17-27 minutes on 2 cores). Flags through BENCH_ARGS, e.g. BENCH_ARGS="--full" or
+# one table (11-27 minutes on 2 cores). Flags through BENCH_ARGS, e.g. BENCH_ARGS="--full" or
 # BENCH_ARGS="--drafter DIR"; `python -m benchmarks.compare --help` lists them.
 bench: setup
 	$(PY) -m benchmarks.compare $(BENCH_ARGS)
