@@ -22,6 +22,7 @@ from sglang_dflash.train.fit import (
     pack,
     split_sequences,
     position_weights,
+    weighted_loss,
 )
 from sglang_dflash.train.prompts import gsm8k_train_questions, training_prompts
 from sglang_dflash.train.recipe import native_bfloat16, training_dtype
@@ -142,6 +143,69 @@ def test_acceptance_is_one_plus_the_leading_matches():
     assert acceptance_lengths(logits, batch).flatten().tolist() == [4, 1]
 
 
+def with_soft_labels(data: FeatureSet, k: int = 4, seed: int = 0) -> FeatureSet:
+    """Soft labels as `prepare` caches them: the top-k of a distribution whose argmax is each label."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(data.labels), VOCAB, generator=generator)
+    logits.scatter_(1, data.labels[:, None], logits.max(dim=1, keepdim=True).values + 1.0)
+    values, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+    data.soft_ids, data.soft_logprobs = ids.to(torch.int32), values.to(torch.float16)
+    return data
+
+
+def test_soft_labels_line_up_with_the_hard_labels():
+    data = with_soft_labels(random_feature_set())
+    assert data.soft_label_k == 4
+    batch = pack(data, [0, 2], [[5, 17], [4, 30]], BLOCK, VOCAB - 1)
+    assert batch.soft_ids.shape == (*batch.labels.shape, 4)
+    valid = batch.label_valid
+    # The teacher's most likely token is the hard label wherever there is a label.
+    assert torch.equal(batch.soft_ids[..., 0][valid], batch.labels[valid])
+    start, p = int(data.starts[2]), 30
+    count = int(valid[1, 1].sum())
+    assert torch.equal(batch.soft_logprobs[1, 1, :count], data.soft_logprobs[start + p : start + p + count].float())
+
+
+def test_distillation_loss_mixes_the_teachers_distribution_into_the_hard_loss():
+    data = random_feature_set()
+    batch = pack(data, [0, 1], [[5], [9]], BLOCK, VOCAB - 1)
+    weights = position_weights(BLOCK, 7.0)
+    logits = torch.randn(2, 1, BLOCK - 1, VOCAB, generator=torch.Generator().manual_seed(2))
+    hard = weighted_loss(logits, batch, weights)
+    reference = torch.nn.functional.cross_entropy(logits.flatten(0, 2), batch.labels.flatten(), reduction="none")
+    w = (weights[None, None] * batch.label_valid).flatten()
+    torch.testing.assert_close(hard, (reference * w).sum() / w.sum())
+    assert weighted_loss(logits, batch, weights, soft_label_weight=0.5) == hard  # no soft labels: hard only
+
+    # All the teacher's mass on the label: distilling is the hard loss.
+    batch.soft_ids = torch.stack([batch.labels, (batch.labels + 1) % VOCAB], dim=-1)
+    batch.soft_logprobs = torch.tensor([0.0, -1e4]).expand(*batch.labels.shape, 2).clone()
+    torch.testing.assert_close(weighted_loss(logits, batch, weights, soft_label_weight=0.5), hard)
+    # A near-tie: the distillation term is the cross-entropy to the teacher's renormalised top-2.
+    batch.soft_logprobs = torch.log(torch.tensor([0.6, 0.4])).expand(*batch.labels.shape, 2).clone()
+    logprobs = torch.log_softmax(logits, -1)
+    soft = -(0.6 * logprobs.gather(-1, batch.soft_ids[..., :1]) + 0.4 * logprobs.gather(-1, batch.soft_ids[..., 1:])).squeeze(-1)
+    expected = ((0.75 * reference.view(soft.shape) + 0.25 * soft).flatten() * w).sum() / w.sum()
+    torch.testing.assert_close(weighted_loss(logits, batch, weights, soft_label_weight=0.25), expected)
+
+
+def test_fit_distils_from_soft_labels(tmp_path):
+    """With soft labels in the data a training step uses them (the loss differs from hard-label training)."""
+    hard, soft = _trainer(tmp_path / "hard"), _trainer(tmp_path / "soft")
+    with_soft_labels(soft.data)
+    soft.data.soft_logprobs = torch.zeros_like(soft.data.soft_logprobs)  # a flat top-4: far from the hard label
+    assert soft.train_step() != hard.train_step()
+
+
+def test_train_cli_refuses_bad_soft_label_settings():
+    from sglang_dflash.train.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["prepare", "--soft-labels", "-1"])
+    with pytest.raises(SystemExit):
+        main(["fit", "--soft-label-weight", "1.5"])
+
+
 def test_position_weights_decay_from_one():
     weights = position_weights(16, 7.0)
     assert weights[0] == 1.0 and weights.shape == (15,)
@@ -245,6 +309,9 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "features").iterdir()}
     data = FeatureSet.load(tmp_path)
     assert len(data) == 6 and data.features.shape == (int(data.lengths.sum()), 2 * target.hidden_size)
+    # Soft labels by default: the target's top 16 at every token, its argmax first.
+    assert data.soft_label_k == 16 and torch.equal(data.soft_ids[:, 0].long(), data.labels)
+    assert (data.soft_logprobs[:, :-1] >= data.soft_logprobs[:, 1:]).all() and (data.soft_logprobs <= 0).all()
     rows = [json.loads(line) for line in (tmp_path / "responses" / "shard-00000.jsonl").read_text().splitlines()]
     first = rows[0]
     ids = first["prompt_ids"] + first["response_ids"]
@@ -261,6 +328,20 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     assert prepare(elsewhere, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=1) == 2
     again = FeatureSet.load(elsewhere)
     assert torch.equal(again.token_ids, data.token_ids) and torch.equal(again.features, data.features)
+    # A data directory made without soft labels gains them later; its features stay untouched.
+    plain = tmp_path / "plain"
+    import_responses(tmp_path / "archive", plain)
+    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=0) == 2
+    assert FeatureSet.load(plain).soft_ids is None
+    (plain / "soft_labels" / "shard-00000.safetensors").write_bytes(
+        (tmp_path / "soft_labels" / "shard-00000.safetensors").read_bytes())
+    with pytest.raises(FileNotFoundError, match="soft labels missing for 1 shards"):
+        FeatureSet.load(plain)
+    stamps = {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}
+    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    assert stamps == {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}
+    added = FeatureSet.load(plain)
+    assert torch.equal(added.soft_ids, data.soft_ids) and torch.equal(added.soft_logprobs, data.soft_logprobs)
     # --no-answers: only shards already answered are featurized, nothing is generated.
     assert prepare(tmp_path / "none", target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, generate=False) == 0
     assert not list((tmp_path / "none" / "responses").iterdir())

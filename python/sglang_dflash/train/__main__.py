@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--corpus-sequences", type=int, default=0,
                       help="also cache this many teacher-forced chunks of the Python standard library and "
                            "language reference on this machine (no generation: one forward each)")
+    data.add_argument("--soft-labels", type=int, default=16, metavar="K",
+                      help="also cache the target's K most likely next tokens and their log-probabilities at every "
+                           "token, for distillation (0: none); added to shards that lack them")
     data.add_argument("--no-answers", action="store_true",
                       help="generate no new answers (use archived and existing ones, and the corpus)")
     parser.add_argument("--to", type=Path, default=None, help="archive: where the gzipped answer shards go")
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--anchors", type=int, default=16, help="anchor blocks per sequence and step")
     fit.add_argument("--gamma", type=float, default=7.0, help="loss weight of block position k is exp(-(k-1)/gamma)")
     fit.add_argument("--lr", type=float, default=6e-4)
+    fit.add_argument("--soft-label-weight", type=float, default=0.5,
+                     help="weight of the distillation term (cross-entropy to the target's top-K distribution from "
+                          "prepare --soft-labels) against the hard-label cross-entropy; 0: hard labels only")
     fit.add_argument("--eval-every", type=int, default=100)
     fit.add_argument("--replay-answers", type=int, default=32,
                      help="held-out answers whose greedy decode is replayed at each evaluation; the replayed "
@@ -86,13 +92,15 @@ def run_prepare(args) -> int:
     tokenizer = load_tokenizer(args.target)
     if args.corpus_sequences > 0:
         rows = corpus_rows(tokenizer, args.corpus_sequences, max_tokens=args.max_new_tokens, seed=args.seed)
-        shards = prepare_corpus(args.run_dir / "data", target, rows, config.target_layer_ids, args.shard_size)
+        shards = prepare_corpus(args.run_dir / "data", target, rows, config.target_layer_ids, args.shard_size,
+                                args.soft_labels)
         print(f"{len(rows)} corpus sequences in {shards} shards")
     # Shards already there keep their answers; the new ones get prompts none of them answered.
     prompts = training_prompts(args.num_prompts, seed=args.seed, mix=args.prompt_mix,
                                exclude=answered_prompts(args.run_dir / "data"))
     done = prepare(args.run_dir / "data", target, tokenizer, prompts, config.target_layer_ids,
-                   args.shard_size, args.max_new_tokens, args.data_time_budget, generate=not args.no_answers)
+                   args.shard_size, args.max_new_tokens, args.data_time_budget, generate=not args.no_answers,
+                   soft_label_k=args.soft_labels)
     print(f"{done} answer shards ready under {args.run_dir / 'data'}")
     return 0
 
@@ -108,7 +116,12 @@ def run_archive(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.soft_labels < 0:
+        parser.error("--soft-labels must be 0 (none) or a positive number of tokens")
+    if not 0.0 <= args.soft_label_weight <= 1.0:
+        parser.error("--soft-label-weight must lie between 0 and 1")
     if args.stage == "archive":
         return run_archive(args)
     torch.manual_seed(args.seed)

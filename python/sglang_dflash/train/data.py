@@ -6,9 +6,13 @@ killed run resumes where it stopped:
   features/shard-NNNNN.safetensors   the same sequences concatenated:
       token_ids [N] int64, labels [N] int64 (the target's argmax after each token: its own next token),
       features [N, K*H] (outputs of the drafter's target layers), offsets [S+1], prompt_lens [S]
+  soft_labels/shard-NNNNN.safetensors the target's top-k next-token log-probabilities at every token:
+      top_ids [N, k] int32, top_logprobs [N, k] float16 (log-softmax over the whole vocabulary)
   responses/shard-corpus-NNNNN.jsonl, features/shard-corpus-NNNNN.safetensors
                                      the same for teacher-forced text already on the machine (corpus.py)
-Features are computed once here so that training epochs never run the target again.
+Features are computed once here so that training epochs never run the target again. Soft labels
+have their own files so that a data directory made before them gains them by one more forward per
+sequence, its features untouched.
 
 Generating answers is the slow part on a CPU (tens of tokens/s); features are one forward each.
 `archive_responses` keeps answer shards as small gzip files (token ids only) and
@@ -31,7 +35,8 @@ from tqdm import tqdm
 from ..generate import encode
 from ..targets import TargetModel
 
-RESPONSES, FEATURES = "responses", "features"
+RESPONSES, FEATURES, SOFT_LABELS = "responses", "features", "soft_labels"
+DEFAULT_SOFT_LABEL_K = 16
 
 
 def shard_name(index: int) -> str:
@@ -66,9 +71,10 @@ def generate_responses(target: TargetModel, tokenizer, prompts: Sequence[str], m
 
 
 @torch.inference_mode()
-def sequence_features(target: TargetModel, rows: list[dict]) -> dict[str, torch.Tensor]:
-    """One target forward per sequence: its chosen-layer features and its own next-token argmax."""
-    token_ids, labels, features, offsets, prompt_lens = [], [], [], [0], []
+def sequence_features(target: TargetModel, rows: list[dict], soft_label_k: int = 0) -> tuple[dict, dict | None]:
+    """One target forward per sequence: its chosen-layer features and its own next-token argmax, and
+    (with `soft_label_k` > 0) the k most likely next tokens with their log-probabilities."""
+    token_ids, labels, features, offsets, prompt_lens, top_ids, top_logprobs = [], [], [], [0], [], [], []
     for row in rows:
         ids = torch.tensor(row["prompt_ids"] + row["response_ids"], device=target.device)
         logits, feats = target.forward(ids, torch.arange(len(ids), device=target.device), target.new_cache())
@@ -77,13 +83,41 @@ def sequence_features(target: TargetModel, rows: list[dict]) -> dict[str, torch.
         features.append(feats.to(torch.bfloat16).cpu())
         offsets.append(offsets[-1] + len(ids))
         prompt_lens.append(len(row["prompt_ids"]))
-    return {
+        if soft_label_k > 0:
+            values, indices = torch.log_softmax(logits.float(), dim=-1).topk(soft_label_k, dim=-1)
+            top_ids.append(indices.to(torch.int32).cpu())
+            top_logprobs.append(values.to(torch.float16).cpu())
+    tensors = {
         "token_ids": torch.cat(token_ids),
         "labels": torch.cat(labels),
         "features": torch.cat(features),
         "offsets": torch.tensor(offsets),
         "prompt_lens": torch.tensor(prompt_lens),
     }
+    soft = {"top_ids": torch.cat(top_ids), "top_logprobs": torch.cat(top_logprobs)} if soft_label_k > 0 else None
+    return tensors, soft
+
+
+def _write_shard(data_dir: Path, name: str, target: TargetModel, rows: list[dict], soft_label_k: int) -> None:
+    """Whichever of the shard's feature and soft-label files is missing (one target forward per sequence)."""
+    feature_file = data_dir / FEATURES / f"{name}.safetensors"
+    soft_file = data_dir / SOFT_LABELS / f"{name}.safetensors"
+    wants_soft = soft_label_k > 0 and not soft_file.exists()
+    tensors, soft = sequence_features(target, rows, soft_label_k if wants_soft else 0)
+    if not feature_file.exists():
+        write_features(feature_file, tensors)
+    if soft is not None:
+        write_features(soft_file, soft)
+
+
+def _shard_complete(data_dir: Path, name: str, soft_label_k: int) -> bool:
+    return (data_dir / FEATURES / f"{name}.safetensors").exists() and (
+        soft_label_k <= 0 or (data_dir / SOFT_LABELS / f"{name}.safetensors").exists())
+
+
+def _make_dirs(data_dir: Path) -> None:
+    for sub in (RESPONSES, FEATURES, SOFT_LABELS):
+        (data_dir / sub).mkdir(parents=True, exist_ok=True)
 
 
 def prepare(
@@ -96,21 +130,21 @@ def prepare(
     max_new_tokens: int,
     time_budget_s: float | None = None,
     generate: bool = True,
+    soft_label_k: int = DEFAULT_SOFT_LABEL_K,
 ) -> int:
     """Generate and featurize every missing shard (resumable). Returns the number of complete shards.
 
     With `generate=False` only shards whose answers are already there (archived ones) are featurized.
+    A shard is complete with its features and (for `soft_label_k` > 0) its soft labels.
     """
-    (data_dir / RESPONSES).mkdir(parents=True, exist_ok=True)
-    (data_dir / FEATURES).mkdir(parents=True, exist_ok=True)
+    _make_dirs(data_dir)
     target.capture_layers(layer_ids)
     num_shards = (len(prompts) + shard_size - 1) // shard_size
     started, done = time.monotonic(), 0
     bar = tqdm(range(num_shards), desc="data shards", unit="shard")
     for index in bar:
         response_file = data_dir / RESPONSES / f"{shard_name(index)}.jsonl"
-        feature_file = data_dir / FEATURES / f"{shard_name(index)}.safetensors"
-        if feature_file.exists():
+        if _shard_complete(data_dir, shard_name(index), soft_label_k):
             done += 1
             continue
         if time_budget_s is not None and time.monotonic() - started > time_budget_s:
@@ -126,7 +160,7 @@ def prepare(
             write_rows(response_file, rows)
             new_tokens = sum(len(r["response_ids"]) for r in rows)
             bar.set_postfix(gen_tok_s=f"{new_tokens / (time.monotonic() - t0):.0f}")
-        write_features(feature_file, sequence_features(target, rows))
+        _write_shard(data_dir, shard_name(index), target, rows, soft_label_k)
         done += 1
     return done
 
@@ -142,21 +176,20 @@ def write_features(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     _write_atomically(path, lambda p: save_file(tensors, str(p)))
 
 
-def prepare_corpus(data_dir: Path, target: TargetModel, rows: list[dict], layer_ids: Sequence[int], shard_size: int) -> int:
+def prepare_corpus(data_dir: Path, target: TargetModel, rows: list[dict], layer_ids: Sequence[int], shard_size: int,
+                   soft_label_k: int = DEFAULT_SOFT_LABEL_K) -> int:
     """Features of the corpus rows (see `corpus.py`) as shards `shard-corpus-NNNNN`, resumable like `prepare`."""
     from .corpus import CORPUS_PREFIX
 
-    (data_dir / RESPONSES).mkdir(parents=True, exist_ok=True)
-    (data_dir / FEATURES).mkdir(parents=True, exist_ok=True)
+    _make_dirs(data_dir)
     target.capture_layers(layer_ids)
     num_shards = (len(rows) + shard_size - 1) // shard_size
     for index in tqdm(range(num_shards), desc="corpus shards", unit="shard"):
         name = f"{CORPUS_PREFIX}{index:05d}"
-        feature_file = data_dir / FEATURES / f"{name}.safetensors"
-        if not feature_file.exists():
+        if not _shard_complete(data_dir, name, soft_label_k):
             shard_rows = rows[index * shard_size : (index + 1) * shard_size]
             write_rows(data_dir / RESPONSES / f"{name}.jsonl", shard_rows)
-            write_features(feature_file, sequence_features(target, shard_rows))
+            _write_shard(data_dir, name, target, shard_rows, soft_label_k)
     return num_shards
 
 
@@ -209,6 +242,8 @@ class FeatureSet:
     lengths: torch.Tensor  # [S]
     prompt_lens: torch.Tensor  # [S]
     sources: list[str] | None = None  # [S] the shard each sequence came from; None: all generated answers
+    soft_ids: torch.Tensor | None = None  # [N, k] the target's k most likely next tokens (None: no soft labels)
+    soft_logprobs: torch.Tensor | None = None  # [N, k] their log-probabilities
 
     @classmethod
     def load(cls, data_dir: Path) -> "FeatureSet":
@@ -233,10 +268,15 @@ class FeatureSet:
             lengths=torch.cat(lengths),
             prompt_lens=torch.cat([p["prompt_lens"] for p in parts]),
             sources=sources,
+            **_load_soft_labels(Path(data_dir), files),
         )
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
+
+    @property
+    def soft_label_k(self) -> int:
+        return 0 if self.soft_ids is None else int(self.soft_ids.shape[1])
 
     def is_generated_answer(self, sequence: int) -> bool:
         """A target answer from `prepare` (shard-NNNNN), not a teacher-forced corpus chunk."""
@@ -245,3 +285,23 @@ class FeatureSet:
     @property
     def num_response_tokens(self) -> int:
         return int((self.lengths - self.prompt_lens).sum())
+
+
+def _load_soft_labels(data_dir: Path, feature_files: list[Path]) -> dict:
+    """Every shard's soft labels, or none when no shard has them; a partial set is an error."""
+    from safetensors.torch import load_file
+
+    soft_files = [data_dir / SOFT_LABELS / f.name for f in feature_files]
+    present = [f.exists() for f in soft_files]
+    if not any(present):
+        return {}
+    if not all(present):
+        missing = [f.name for f, there in zip(soft_files, present) if not there]
+        raise FileNotFoundError(f"soft labels missing for {len(missing)} shards under {data_dir / SOFT_LABELS} "
+                                f"({', '.join(missing[:3])}...); run the prepare stage again to add them")
+    parts = [load_file(str(f)) for f in soft_files]
+    widths = {int(p["top_ids"].shape[1]) for p in parts}
+    if len(widths) != 1:
+        raise ValueError(f"soft-label shards under {data_dir / SOFT_LABELS} disagree on k: {sorted(widths)}")
+    return {"soft_ids": torch.cat([p["top_ids"] for p in parts]),
+            "soft_logprobs": torch.cat([p["top_logprobs"] for p in parts])}

@@ -8,6 +8,11 @@ before its own anchor and to itself, never to another block. Position k of a blo
 exp(-(k-1)/gamma): early positions decide the acceptance length most. The target's embedding
 and LM head are frozen and shared, as at inference.
 
+Where `prepare` cached soft labels (the target's top-k next tokens with their log-probabilities),
+the loss also distils: a `soft_label_weight` share of it is the cross-entropy from the target's
+distribution, renormalised over its top k, to the drafter's. A near-tie of the target then teaches
+both tokens instead of one, which is more signal per cached token than the argmax alone.
+
 Two held-out acceptance figures: at random anchors, 1 + the number of leading drafts equal to
 the target's tokens (cheap, smooth, but blind to where a real decode's blocks start), and the
 greedy decode of held-out answers replayed block by block (`replay`: what a server would report
@@ -50,6 +55,7 @@ class FitConfig:
     replay_answers: int = 32  # held-out answers whose greedy decode is replayed at each evaluation (0: none)
     time_budget_s: float | None = None
     autocast_bf16: bool = True
+    soft_label_weight: float = 0.5  # used only where the data has soft labels
     seed: int = 0
     device: str = "cpu"
 
@@ -63,9 +69,11 @@ class PackedBatch:
     anchor_positions: torch.Tensor  # [S, A]
     labels: torch.Tensor  # [S, A, B-1] the target's tokens at p+1..p+B-1
     label_valid: torch.Tensor  # [S, A, B-1]
+    soft_ids: torch.Tensor | None = None  # [S, A, B-1, k] the target's top-k tokens at each label
+    soft_logprobs: torch.Tensor | None = None  # [S, A, B-1, k] their log-probabilities
 
     def to(self, device) -> "PackedBatch":
-        return PackedBatch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
+        return PackedBatch(**{name: None if tensor is None else tensor.to(device) for name, tensor in vars(self).items()})
 
 
 def pack(data: FeatureSet, sequences: list[int], anchors: list[list[int]], block_size: int, mask_id: int) -> PackedBatch:
@@ -96,6 +104,10 @@ def pack_blocks(data: FeatureSet, sequences: list[int], anchors: list[list[int]]
     block_ids = torch.full(block_positions.shape, mask_id, dtype=torch.long)
     labels = torch.zeros(len(sequences), num_anchors, block_size - 1, dtype=torch.long)
     label_valid = torch.zeros_like(labels, dtype=torch.bool)
+    soft_k = data.soft_label_k
+    if soft_k:
+        soft_ids = torch.zeros(*labels.shape, soft_k, dtype=torch.long)
+        soft_logprobs = torch.zeros(*labels.shape, soft_k, dtype=torch.float32)
     for row, sequence in enumerate(sequences):
         start, length = int(data.starts[sequence]), int(data.lengths[sequence])
         tokens, targets = data.token_ids[start : start + length], data.labels[start : start + length]
@@ -105,7 +117,11 @@ def pack_blocks(data: FeatureSet, sequences: list[int], anchors: list[list[int]]
             count = greedy_path_length(tokens, targets, p, min(p + block_size - 1, length - 1) - p)
             labels[row, a, :count] = targets[p : p + count]
             label_valid[row, a, :count] = True
-    return PackedBatch(features, context_valid, block_ids, block_positions, anchor_positions, labels, label_valid)
+            if soft_k:
+                soft_ids[row, a, :count] = data.soft_ids[start + p : start + p + count].long()
+                soft_logprobs[row, a, :count] = data.soft_logprobs[start + p : start + p + count].float()
+    soft = (soft_ids, soft_logprobs) if soft_k else (None, None)
+    return PackedBatch(features, context_valid, block_ids, block_positions, anchor_positions, labels, label_valid, *soft)
 
 
 def greedy_path_length(tokens: torch.Tensor, targets: torch.Tensor, anchor: int, count: int) -> int:
@@ -180,8 +196,16 @@ def draft_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, batch: Pack
     return drafter.logits(hidden, lambda h: F.linear(h.to(embed_weight.dtype), embed_weight))
 
 
-def weighted_loss(logits: torch.Tensor, batch: PackedBatch, weights: torch.Tensor) -> torch.Tensor:
-    losses = F.cross_entropy(logits.flatten(0, 2).float(), batch.labels.flatten(), reduction="none").view(batch.labels.shape)
+def weighted_loss(logits: torch.Tensor, batch: PackedBatch, weights: torch.Tensor, soft_label_weight: float = 0.0) -> torch.Tensor:
+    """Position-weighted cross-entropy to the target's tokens; with `soft_label_weight` > 0 (and soft
+    labels in the batch) that share of each position's loss is the cross-entropy to the target's
+    top-k distribution instead."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    losses = -logprobs.gather(-1, batch.labels[..., None]).squeeze(-1)
+    if soft_label_weight > 0 and batch.soft_ids is not None:
+        teacher = torch.softmax(batch.soft_logprobs, dim=-1)
+        soft = -(teacher * logprobs.gather(-1, batch.soft_ids)).sum(-1)
+        losses = (1 - soft_label_weight) * losses + soft_label_weight * soft
     w = weights[None, None, :] * batch.label_valid
     return (losses * w).sum() / w.sum().clamp_min(1e-6)
 
@@ -299,7 +323,8 @@ class Trainer:
         sequences = self.rng.sample(self.train_ids, self.cfg.sequences_per_step)
         batch = self._batch(sequences, self.cfg.anchors_per_sequence, self.rng)
         with self._autocast():
-            loss = weighted_loss(draft_logits(self.drafter, self.embed_weight, batch), batch, self.weights)
+            logits = draft_logits(self.drafter, self.embed_weight, batch)
+            loss = weighted_loss(logits, batch, self.weights, self.cfg.soft_label_weight)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
@@ -378,6 +403,7 @@ def run_fit(args) -> dict[str, float]:
                     replay_answers=args.replay_answers,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
                     seed=args.seed, device=args.device, heldout_shards=tuple(args.heldout_shards or ()) or None,
+                    soft_label_weight=args.soft_label_weight,
                     autocast_bf16=native_bfloat16(args.device) if args.bf16_autocast is None else args.bf16_autocast)
     trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
     resumed = trainer.resume()
@@ -385,9 +411,17 @@ def run_fit(args) -> dict[str, float]:
     corpus = sum(not data.is_generated_answer(i) for i in range(len(data)))
     print(f"{len(trainer.train_ids)} training sequences ({corpus} of them corpus text) and "
           f"{len(trainer.heldout_ids)} held-out answers, {data.num_response_tokens} answer tokens; "
-          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; "
+          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {soft_label_note(data, cfg.soft_label_weight)}; "
           f"{'resumed at step ' + str(trainer.step) if resumed else start}")
     return trainer.fit()
+
+
+def soft_label_note(data: FeatureSet, weight: float) -> str:
+    if not data.soft_label_k:
+        return "hard labels only (no soft labels in the data: prepare --soft-labels K adds them)"
+    if weight <= 0:
+        return f"hard labels only (top-{data.soft_label_k} soft labels cached, --soft-label-weight 0)"
+    return f"distilling the target's top-{data.soft_label_k} distribution at weight {weight:g}"
 
 
 def shared_embedding(target) -> torch.Tensor:
