@@ -190,8 +190,9 @@ def test_distillation_loss_mixes_the_teachers_distribution_into_the_hard_loss():
 
 
 def test_fit_distils_from_soft_labels(tmp_path):
-    """With soft labels in the data a training step uses them (the loss differs from hard-label training)."""
+    """With soft labels in the data and a weight, a training step uses them (its loss differs from hard-label training)."""
     hard, soft = _trainer(tmp_path / "hard"), _trainer(tmp_path / "soft")
+    soft.cfg.soft_label_weight = 0.5
     with_soft_labels(soft.data)
     soft.data.soft_logprobs = torch.zeros_like(soft.data.soft_logprobs)  # a flat top-4: far from the hard label
     assert soft.train_step() != hard.train_step()
@@ -303,13 +304,13 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     target = TargetModel.from_pretrained(target_dir)
     tokenizer = load_tokenizer(target_dir)
     prompts = training_prompts(6, seed=1)
-    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=16) == 2
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "features").iterdir()}
-    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    assert prepare(tmp_path, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=16) == 2
     assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "features").iterdir()}
     data = FeatureSet.load(tmp_path)
     assert len(data) == 6 and data.features.shape == (int(data.lengths.sum()), 2 * target.hidden_size)
-    # Soft labels by default: the target's top 16 at every token, its argmax first.
+    # Soft labels: the target's top 16 at every token, its argmax first.
     assert data.soft_label_k == 16 and torch.equal(data.soft_ids[:, 0].long(), data.labels)
     assert (data.soft_logprobs[:, :-1] >= data.soft_logprobs[:, 1:]).all() and (data.soft_logprobs <= 0).all()
     rows = [json.loads(line) for line in (tmp_path / "responses" / "shard-00000.jsonl").read_text().splitlines()]
@@ -331,14 +332,14 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
     # A data directory made without soft labels gains them later; its features stay untouched.
     plain = tmp_path / "plain"
     import_responses(tmp_path / "archive", plain)
-    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=0) == 2
+    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2  # none by default
     assert FeatureSet.load(plain).soft_ids is None
     (plain / "soft_labels" / "shard-00000.safetensors").write_bytes(
         (tmp_path / "soft_labels" / "shard-00000.safetensors").read_bytes())
     with pytest.raises(FileNotFoundError, match="soft labels missing for 1 shards"):
         FeatureSet.load(plain)
     stamps = {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}
-    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8) == 2
+    assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=16) == 2
     assert stamps == {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}
     added = FeatureSet.load(plain)
     assert torch.equal(added.soft_ids, data.soft_ids) and torch.equal(added.soft_logprobs, data.soft_logprobs)

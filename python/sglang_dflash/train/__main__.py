@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--corpus-sequences", type=int, default=0,
                       help="also cache this many teacher-forced chunks of the Python standard library and "
                            "language reference on this machine (no generation: one forward each)")
-    data.add_argument("--soft-labels", type=int, default=16, metavar="K",
+    data.add_argument("--soft-labels", type=int, default=0, metavar="K",
                       help="also cache the target's K most likely next tokens and their log-probabilities at every "
-                           "token, for distillation (0: none); added to shards that lack them")
+                           "token, for fit's distillation term (default 0: none); added to shards that lack them")
     data.add_argument("--no-answers", action="store_true",
                       help="generate no new answers (use archived and existing ones, and the corpus)")
     parser.add_argument("--to", type=Path, default=None, help="archive: where the gzipped answer shards go")
@@ -54,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--anchors", type=int, default=16, help="anchor blocks per sequence and step")
     fit.add_argument("--gamma", type=float, default=7.0, help="loss weight of block position k is exp(-(k-1)/gamma)")
     fit.add_argument("--lr", type=float, default=6e-4)
-    fit.add_argument("--soft-label-weight", type=float, default=0.5,
-                     help="weight of the distillation term (cross-entropy to the target's top-K distribution from "
-                          "prepare --soft-labels) against the hard-label cross-entropy; 0: hard labels only")
+    fit.add_argument("--soft-label-weight", type=float, default=0.0,
+                     help="share of each position's loss that is the cross-entropy to the target's top-K distribution "
+                          "(cached by prepare --soft-labels K), the rest being the cross-entropy to its token "
+                          "(default 0: hard labels only; 0.5 was tried, see the README)")
     fit.add_argument("--eval-every", type=int, default=100)
     fit.add_argument("--replay-answers", type=int, default=32,
                      help="held-out answers whose greedy decode is replayed at each evaluation; the replayed "

@@ -36,7 +36,7 @@ from ..generate import encode
 from ..targets import TargetModel
 
 RESPONSES, FEATURES, SOFT_LABELS = "responses", "features", "soft_labels"
-DEFAULT_SOFT_LABEL_K = 16
+DEFAULT_SOFT_LABEL_K = 0  # soft labels are opt-in: they did not raise acceptance (README, "soft labels")
 
 
 def shard_name(index: int) -> str:
