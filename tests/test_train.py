@@ -198,13 +198,22 @@ def test_fit_distils_from_soft_labels(tmp_path):
     assert soft.train_step() != hard.train_step()
 
 
-def test_train_cli_refuses_bad_soft_label_settings():
+def test_train_cli_refuses_bad_soft_label_settings(tmp_path):
     from sglang_dflash.train.__main__ import main
+    from sglang_dflash.train.data import write_features
 
     with pytest.raises(SystemExit):
         main(["prepare", "--soft-labels", "-1"])
     with pytest.raises(SystemExit):
         main(["fit", "--soft-label-weight", "1.5"])
+    # Distilling from a data directory without soft labels: refused before the target loads.
+    data = random_feature_set()
+    (tmp_path / "data" / "features").mkdir(parents=True)
+    write_features(tmp_path / "data" / "features" / "shard-00000.safetensors", {
+        "token_ids": data.token_ids, "labels": data.labels, "features": data.features,
+        "offsets": torch.cat([data.starts, data.lengths.sum()[None]]), "prompt_lens": data.prompt_lens})
+    with pytest.raises(SystemExit, match="needs soft labels"):
+        main(["fit", "--run-dir", str(tmp_path), "--soft-label-weight", "0.5", "--target", str(tmp_path / "no-target")])
 
 
 def test_position_weights_decay_from_one():
@@ -338,6 +347,7 @@ def test_prepare_writes_resumable_shards(tmp_path, checkpoints):
         (tmp_path / "soft_labels" / "shard-00000.safetensors").read_bytes())
     with pytest.raises(FileNotFoundError, match="soft labels missing for 1 shards"):
         FeatureSet.load(plain)
+    assert FeatureSet.load(plain, soft_labels=False).soft_ids is None  # hard-label training does not care
     stamps = {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}
     assert prepare(plain, target, tokenizer, prompts, [1, 2], shard_size=3, max_new_tokens=8, soft_label_k=16) == 2
     assert stamps == {p: p.stat().st_mtime_ns for p in (plain / "features").iterdir()}

@@ -246,7 +246,9 @@ class FeatureSet:
     soft_logprobs: torch.Tensor | None = None  # [N, k] their log-probabilities
 
     @classmethod
-    def load(cls, data_dir: Path) -> "FeatureSet":
+    def load(cls, data_dir: Path, soft_labels: bool = True) -> "FeatureSet":
+        """Every shard; `soft_labels=False` leaves the soft labels on disk (hard-label training and replay
+        need none, and then shards added without them are no error)."""
         from safetensors.torch import load_file
 
         files = sorted((Path(data_dir) / FEATURES).glob("shard-*.safetensors"))
@@ -268,7 +270,7 @@ class FeatureSet:
             lengths=torch.cat(lengths),
             prompt_lens=torch.cat([p["prompt_lens"] for p in parts]),
             sources=sources,
-            **_load_soft_labels(Path(data_dir), files),
+            **(_load_soft_labels(Path(data_dir), files) if soft_labels else {}),
         )
 
     def __len__(self) -> int:

@@ -389,6 +389,12 @@ def run_fit(args) -> dict[str, float]:
     from ..targets import TargetModel
     from .recipe import drafter_config_for, native_bfloat16
 
+    # The data first: a data directory that cannot serve this fit fails before the target loads.
+    distilling = args.soft_label_weight > 0
+    data = FeatureSet.load(args.run_dir / "data", soft_labels=distilling)
+    if distilling and not data.soft_label_k:
+        raise SystemExit(f"--soft-label-weight {args.soft_label_weight:g} needs soft labels, and "
+                         f"{args.run_dir / 'data'} has none: run prepare --soft-labels K first")
     target = TargetModel.from_pretrained(args.target, dtype=torch.float32)
     config = drafter_config_for(target)
     torch.manual_seed(args.seed)
@@ -399,7 +405,6 @@ def run_fit(args) -> dict[str, float]:
         initialize_from_target(drafter, target)
     embed_weight = shared_embedding(target)
     del target
-    data = FeatureSet.load(args.run_dir / "data")
     cfg = FitConfig(steps=args.steps, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
                     replay_answers=args.replay_answers,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
@@ -418,10 +423,8 @@ def run_fit(args) -> dict[str, float]:
 
 
 def soft_label_note(data: FeatureSet, weight: float) -> str:
-    if not data.soft_label_k:
-        return "hard labels only (no soft labels in the data: prepare --soft-labels K adds them)"
-    if weight <= 0:
-        return f"hard labels only (top-{data.soft_label_k} soft labels cached, --soft-label-weight 0)"
+    if weight <= 0 or not data.soft_label_k:
+        return "hard labels only"
     return f"distilling the target's top-{data.soft_label_k} distribution at weight {weight:g}"
 
 

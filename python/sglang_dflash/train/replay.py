@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..targets import TargetModel
     from .fit import shared_embedding
 
-    data = FeatureSet.load(args.run_dir / "data")
+    data = FeatureSet.load(args.run_dir / "data", soft_labels=False)
     unknown = set(args.shards or ()) - set(data.sources or ())
     if unknown:
         raise SystemExit(f"shards {sorted(unknown)} are not in {args.run_dir / 'data'}")
