@@ -415,17 +415,13 @@ def run_fit(args) -> dict[str, float]:
     resumed = trainer.resume()
     start = "from " + str(args.init_from) if args.init_from is not None else "from scratch"
     corpus = sum(not data.is_generated_answer(i) for i in range(len(data)))
+    labels = (f"distilling the target's top-{data.soft_label_k} distribution at weight {cfg.soft_label_weight:g}"
+              if distilling else "hard labels only")
     print(f"{len(trainer.train_ids)} training sequences ({corpus} of them corpus text) and "
           f"{len(trainer.heldout_ids)} held-out answers, {data.num_response_tokens} answer tokens; "
-          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {soft_label_note(data, cfg.soft_label_weight)}; "
+          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {labels}; "
           f"{'resumed at step ' + str(trainer.step) if resumed else start}")
     return trainer.fit()
-
-
-def soft_label_note(data: FeatureSet, weight: float) -> str:
-    if weight <= 0 or not data.soft_label_k:
-        return "hard labels only"
-    return f"distilling the target's top-{data.soft_label_k} distribution at weight {weight:g}"
 
 
 def shared_embedding(target) -> torch.Tensor:
