@@ -19,6 +19,7 @@ from sglang_dflash.train.fit import (
     draft_logits,
     greedy_path_length,
     initialize_from_drafter,
+    next_block_anchors,
     pack,
     split_sequences,
     position_weights,
@@ -214,6 +215,44 @@ def test_train_cli_refuses_bad_soft_label_settings(tmp_path):
         "offsets": torch.cat([data.starts, data.lengths.sum()[None]]), "prompt_lens": data.prompt_lens})
     with pytest.raises(SystemExit, match="needs soft labels"):
         main(["fit", "--run-dir", str(tmp_path), "--soft-label-weight", "0.5", "--target", str(tmp_path / "no-target")])
+
+
+def test_next_block_anchor_is_where_greedy_decoding_starts_after_the_first_miss():
+    data = random_feature_set()
+    batch = pack(data, [0, 1], [[5, 20], [7, 19]], BLOCK, VOCAB - 1)  # sequence 1 has 23 tokens
+    logits = torch.zeros(*batch.labels.shape, VOCAB)
+    logits.scatter_(-1, batch.labels[..., None], 1.0)  # every draft right ...
+    logits[0, 0, 3] = 0.0
+    logits[0, 0, 3, (batch.labels[0, 0, 3] + 1) % VOCAB] = 2.0  # ... but the fourth of the first block
+    logits[1, 0, 0] = 0.0
+    logits[1, 0, 0, (batch.labels[1, 0, 0] + 1) % VOCAB] = 2.0  # and the first of the third
+    starts = next_block_anchors(data, [0, 1], logits, batch)
+    # 3 drafts kept + the target's own token: the next block's anchor is that token, 4 after the anchor.
+    assert starts[0] == [5 + 4, 20 + BLOCK]
+    # No draft kept: the next block starts at the target's token right after the anchor; a block
+    # running to the end of a sequence is clipped to the last anchor it allows.
+    assert starts[1] == [8, 23 - 2]
+
+
+def test_decode_anchor_share_trains_on_the_probed_decode_starts(tmp_path):
+    trainer = _trainer(tmp_path)
+    trainer.cfg.decode_anchor_share = 0.5
+    sequences = trainer.train_ids[:2]
+    state = trainer.rng.getstate()
+    batch = trainer._training_batch(sequences)
+    assert batch.anchor_positions.shape == (2, 4)
+    trainer.rng.setstate(state)  # replay the same draws by hand: two random anchors, then two probes
+    own = [trainer.rng.sample(range(int(trainer.data.prompt_lens[s]), int(trainer.data.lengths[s]) - 1), 2)
+           for s in sequences]
+    probes = trainer._batch(sequences, 2, trainer.rng)
+    with torch.no_grad():
+        found = next_block_anchors(trainer.data, sequences, draft_logits(trainer.drafter, trainer.embed_weight, probes), probes)
+    assert batch.anchor_positions.tolist() == [a + b for a, b in zip(own, found)]
+    last = torch.tensor([int(trainer.data.lengths[s]) - 2 for s in sequences])[:, None]
+    later = batch.anchor_positions[:, 2:] > probes.anchor_positions
+    assert (later | (batch.anchor_positions[:, 2:] == last)).all()  # past its probe, unless clipped at the end
+    loss = trainer.train_step()
+    assert loss == loss and loss > 0  # a finite loss, and the step ran on that batch
 
 
 def test_position_weights_decay_from_one():

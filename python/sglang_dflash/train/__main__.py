@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="share of each position's loss that is the cross-entropy to the target's top-K distribution "
                           "(cached by prepare --soft-labels K), the rest being the cross-entropy to its token "
                           "(default 0: hard labels only; 0.5 was tried, see the README)")
+    fit.add_argument("--decode-anchor-share", type=float, default=0.0,
+                     help="share of each sequence's anchors placed where a greedy decode of the current drafter would "
+                          "start a block (after its first miss from another random anchor) instead of at random")
     fit.add_argument("--eval-every", type=int, default=100)
     fit.add_argument("--replay-answers", type=int, default=32,
                      help="held-out answers whose greedy decode is replayed at each evaluation; the replayed "
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--soft-labels must be 0 (none) or a positive number of tokens")
     if not 0.0 <= args.soft_label_weight <= 1.0:
         parser.error("--soft-label-weight must lie between 0 and 1")
+    if not 0.0 <= args.decode_anchor_share <= 1.0:
+        parser.error("--decode-anchor-share must lie between 0 and 1")
     if args.stage == "archive":
         return run_archive(args)
     torch.manual_seed(args.seed)

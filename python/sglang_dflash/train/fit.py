@@ -57,6 +57,7 @@ class FitConfig:
     time_budget_s: float | None = None
     autocast_bf16: bool = True
     soft_label_weight: float = 0.0  # used only where the data has soft labels
+    decode_anchor_share: float = 0.0  # share of each sequence's anchors placed where a greedy decode starts a block
     seed: int = 0
     device: str = "cpu"
 
@@ -242,6 +243,17 @@ def sample_anchors(data: FeatureSet, sequence: int, count: int, rng: random.Rand
     return rng.sample(candidates, count) if len(candidates) >= count else [rng.choice(candidates) for _ in range(count)]
 
 
+def next_block_anchors(data: FeatureSet, sequences: list[int], logits: torch.Tensor, batch: PackedBatch) -> list[list[int]]:
+    """Where greedy decoding would start its next block after each block of `batch`: anchor + acceptance length.
+
+    That anchor is the target's own token right after the drafter's first miss, the kind of position
+    every real decode block starts from (and a random anchor seldom is); clipped to the last anchor
+    a sequence allows.
+    """
+    starts = batch.anchor_positions.to(logits.device) + acceptance_lengths(logits.float(), batch)
+    return [[min(int(p), int(data.lengths[s]) - 2) for p in row] for s, row in zip(sequences, starts.tolist())]
+
+
 def fits_context(data: FeatureSet, sequence: int, max_context: int) -> bool:
     return int(data.lengths[sequence]) <= max_context
 
@@ -303,9 +315,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _batch(self, sequences: list[int], anchors_per_sequence: int, rng: random.Random) -> PackedBatch:
-        anchors = [sample_anchors(self.data, s, anchors_per_sequence, rng) for s in sequences]
+        return self._pack(sequences, [sample_anchors(self.data, s, anchors_per_sequence, rng) for s in sequences])
+
+    def _pack(self, sequences: list[int], anchors: list[list[int]]) -> PackedBatch:
         config = self.drafter.config
         return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id).to(self.device)
+
+    def _training_batch(self, sequences: list[int]) -> PackedBatch:
+        """Random anchors, and (with `decode_anchor_share`) anchors where a greedy decode would start a block.
+
+        The latter come from a gradient-free forward of the current drafter at other random anchors:
+        each such block's next anchor (`next_block_anchors`). Real decode blocks all start after a
+        miss, and their acceptance, not the random anchors', is what a server reports.
+        """
+        total = self.cfg.anchors_per_sequence
+        decode = round(total * self.cfg.decode_anchor_share)
+        anchors = [sample_anchors(self.data, s, total - decode, self.rng) for s in sequences]
+        if decode:
+            probes = self._batch(sequences, decode, self.rng)
+            with torch.no_grad(), self._autocast():
+                logits = draft_logits(self.drafter, self.embed_weight, probes)
+            anchors = [own + found for own, found in zip(anchors, next_block_anchors(self.data, sequences, logits, probes))]
+        return self._pack(sequences, anchors)
 
     def _heldout_batches(self) -> list[PackedBatch]:
         rng = random.Random(self.cfg.seed + 1)
@@ -322,7 +353,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
         sequences = self.rng.sample(self.train_ids, self.cfg.sequences_per_step)
-        batch = self._batch(sequences, self.cfg.anchors_per_sequence, self.rng)
+        batch = self._training_batch(sequences)
         with self._autocast():
             logits = draft_logits(self.drafter, self.embed_weight, batch)
             loss = weighted_loss(logits, batch, self.weights, self.cfg.soft_label_weight)
@@ -409,7 +440,7 @@ def run_fit(args) -> dict[str, float]:
                     replay_answers=args.replay_answers,
                     gamma=args.gamma, lr=args.lr, eval_every=args.eval_every, time_budget_s=args.fit_time_budget,
                     seed=args.seed, device=args.device, heldout_shards=tuple(args.heldout_shards or ()) or None,
-                    soft_label_weight=args.soft_label_weight,
+                    soft_label_weight=args.soft_label_weight, decode_anchor_share=args.decode_anchor_share,
                     autocast_bf16=native_bfloat16(args.device) if args.bf16_autocast is None else args.bf16_autocast)
     trainer = Trainer(drafter, embed_weight, data, args.run_dir, cfg)
     resumed = trainer.resume()
@@ -417,6 +448,8 @@ def run_fit(args) -> dict[str, float]:
     corpus = sum(not data.is_generated_answer(i) for i in range(len(data)))
     labels = (f"distilling the target's top-{data.soft_label_k} distribution at weight {cfg.soft_label_weight:g}"
               if distilling else "hard labels only")
+    if cfg.decode_anchor_share > 0:
+        labels += f"; {cfg.decode_anchor_share:.0%} of the anchors where a greedy decode starts a block"
     print(f"{len(trainer.train_ids)} training sequences ({corpus} of them corpus text) and "
           f"{len(trainer.heldout_ids)} held-out answers, {data.num_response_tokens} answer tokens; "
           f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {labels}; "
