@@ -19,10 +19,12 @@ from sglang_dflash.train.fit import (
     draft_logits,
     greedy_path_length,
     initialize_from_drafter,
+    last_anchor,
     next_block_anchors,
     pack,
     split_sequences,
     position_weights,
+    sample_anchors,
     weighted_loss,
 )
 from sglang_dflash.train.prompts import gsm8k_train_questions, training_prompts
@@ -242,13 +244,12 @@ def test_decode_anchor_share_trains_on_the_probed_decode_starts(tmp_path):
     batch = trainer._training_batch(sequences)
     assert batch.anchor_positions.shape == (2, 4)
     trainer.rng.setstate(state)  # replay the same draws by hand: two random anchors, then two probes
-    own = [trainer.rng.sample(range(int(trainer.data.prompt_lens[s]), int(trainer.data.lengths[s]) - 1), 2)
-           for s in sequences]
+    own = [sample_anchors(trainer.data, s, 2, trainer.rng) for s in sequences]
     probes = trainer._batch(sequences, 2, trainer.rng)
     with torch.no_grad():
         found = next_block_anchors(trainer.data, sequences, draft_logits(trainer.drafter, trainer.embed_weight, probes), probes)
     assert batch.anchor_positions.tolist() == [a + b for a, b in zip(own, found)]
-    last = torch.tensor([int(trainer.data.lengths[s]) - 2 for s in sequences])[:, None]
+    last = torch.tensor([last_anchor(trainer.data, s) for s in sequences])[:, None]
     later = batch.anchor_positions[:, 2:] > probes.anchor_positions
     assert (later | (batch.anchor_positions[:, 2:] == last)).all()  # past its probe, unless clipped at the end
     loss = trainer.train_step()

@@ -236,10 +236,14 @@ def split_sequences(data: FeatureSet, heldout_fraction: float, seed: int,
     return [i for i in usable if i not in chosen], sorted(heldout)
 
 
+def last_anchor(data: FeatureSet, sequence: int) -> int:
+    """The last position a block may start from: its anchor needs at least one label after it."""
+    return int(data.lengths[sequence]) - 2
+
+
 def sample_anchors(data: FeatureSet, sequence: int, count: int, rng: random.Random) -> list[int]:
     """Anchor positions among the answer tokens (the first block's anchor is the first answer token)."""
-    first, last = int(data.prompt_lens[sequence]), int(data.lengths[sequence]) - 2
-    candidates = range(first, last + 1)
+    candidates = range(int(data.prompt_lens[sequence]), last_anchor(data, sequence) + 1)
     return rng.sample(candidates, count) if len(candidates) >= count else [rng.choice(candidates) for _ in range(count)]
 
 
@@ -251,7 +255,7 @@ def next_block_anchors(data: FeatureSet, sequences: list[int], logits: torch.Ten
     a sequence allows.
     """
     starts = batch.anchor_positions.to(logits.device) + acceptance_lengths(logits.float(), batch)
-    return [[min(int(p), int(data.lengths[s]) - 2) for p in row] for s, row in zip(sequences, starts.tolist())]
+    return [[min(int(p), last_anchor(data, s)) for p in row] for s, row in zip(sequences, starts.tolist())]
 
 
 def fits_context(data: FeatureSet, sequence: int, max_context: int) -> bool:
@@ -317,9 +321,12 @@ class Trainer:
     def _batch(self, sequences: list[int], anchors_per_sequence: int, rng: random.Random) -> PackedBatch:
         return self._pack(sequences, [sample_anchors(self.data, s, anchors_per_sequence, rng) for s in sequences])
 
-    def _pack(self, sequences: list[int], anchors: list[list[int]]) -> PackedBatch:
+    def _pack(self, sequences: list[int], anchors: list[list[int]],
+              context: tuple[torch.Tensor, torch.Tensor] | None = None) -> PackedBatch:
+        """`anchors` of `sequences` packed; `context` (from `pack_context` on the same sequences) saves packing it again."""
         config = self.drafter.config
-        return pack(self.data, sequences, anchors, config.block_size, config.mask_token_id).to(self.device)
+        context = context if context is not None else pack_context(self.data, sequences)
+        return pack_blocks(self.data, sequences, anchors, config.block_size, config.mask_token_id, *context).to(self.device)
 
     def _training_batch(self, sequences: list[int]) -> PackedBatch:
         """Random anchors, and (with `decode_anchor_share`) anchors where a greedy decode would start a block.
@@ -331,12 +338,14 @@ class Trainer:
         total = self.cfg.anchors_per_sequence
         decode = round(total * self.cfg.decode_anchor_share)
         anchors = [sample_anchors(self.data, s, total - decode, self.rng) for s in sequences]
+        context = pack_context(self.data, sequences)  # shared by the probes and the training blocks
         if decode:
-            probes = self._batch(sequences, decode, self.rng)
+            probe_anchors = [sample_anchors(self.data, s, decode, self.rng) for s in sequences]
+            probes = self._pack(sequences, probe_anchors, context)
             with torch.no_grad(), self._autocast():
                 logits = draft_logits(self.drafter, self.embed_weight, probes)
             anchors = [own + found for own, found in zip(anchors, next_block_anchors(self.data, sequences, logits, probes))]
-        return self._pack(sequences, anchors)
+        return self._pack(sequences, anchors, context)
 
     def _heldout_batches(self) -> list[PackedBatch]:
         rng = random.Random(self.cfg.seed + 1)
@@ -446,13 +455,13 @@ def run_fit(args) -> dict[str, float]:
     resumed = trainer.resume()
     start = "from " + str(args.init_from) if args.init_from is not None else "from scratch"
     corpus = sum(not data.is_generated_answer(i) for i in range(len(data)))
-    labels = (f"distilling the target's top-{data.soft_label_k} distribution at weight {cfg.soft_label_weight:g}"
+    recipe = (f"distilling the target's top-{data.soft_label_k} distribution at weight {cfg.soft_label_weight:g}"
               if distilling else "hard labels only")
     if cfg.decode_anchor_share > 0:
-        labels += f"; {cfg.decode_anchor_share:.0%} of the anchors where a greedy decode starts a block"
+        recipe += f"; {cfg.decode_anchor_share:.0%} of the anchors where a greedy decode starts a block"
     print(f"{len(trainer.train_ids)} training sequences ({corpus} of them corpus text) and "
           f"{len(trainer.heldout_ids)} held-out answers, {data.num_response_tokens} answer tokens; "
-          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {labels}; "
+          f"bf16 autocast {'on' if cfg.autocast_bf16 else 'off'}; {recipe}; "
           f"{'resumed at step ' + str(trainer.step) if resumed else start}")
     return trainer.fit()
 
