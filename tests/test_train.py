@@ -465,7 +465,8 @@ def test_lazy_leading_matches_equal_the_acceptance_rule():
     valid[4, 4:] = False  # the answer ends after 4 labels
     batch = SimpleNamespace(labels=labels[:, None], label_valid=valid[:, None])
     head_is_identity = SimpleNamespace(logits=lambda hidden, head: hidden)  # hidden states stand in for logits
-    lazy = leading_matches(head_is_identity, torch.zeros(1), logits, labels, valid)
+    lazy, first_drafts = leading_matches(head_is_identity, torch.zeros(1), logits, labels, valid)
+    assert first_drafts.tolist() == logits[:, 0].argmax(-1).tolist()
     assert lazy.tolist() == acceptance_lengths(logits[:, None], batch).flatten().tolist() == [1, 3, 6, BLOCK - 1, 5, 2]
 
 
@@ -493,3 +494,59 @@ def test_replayed_decode_equals_the_reference_decoder_step_by_step():
     replayed = replay_acceptance(drafter, target.model.get_input_embeddings().weight.detach(), data, [0])
     assert replayed["acceptance_lengths"][0] == generation.acceptance_lengths
     assert replayed["committed_tokens"] == len(generation.output_ids) - 1
+
+
+def test_confidence_bins_count_decode_starts_by_the_targets_probability():
+    """Decode starts are walked from the replayed lengths; each lands in the bin of the target's label probability."""
+    from sglang_dflash.train.diagnose import confidence_bins, format_table
+
+    data = random_feature_set(lengths=(12,), prompt_lens=(3,))
+    label_probs = torch.tensor([0.5] * 3 + [0.95, 0.4, 0.2, 0.95, 0.6, 0.1, 0.8, 0.3, 0.0])
+    runner_up = torch.full((12,), VOCAB - 2)
+    labels = data.labels.tolist()
+    # Blocks anchored at 3, 5, 6 and 10: lengths 2, 1, 4 and 1 cover answer positions 3..10 (the last anchor is 10).
+    replayed = {"acceptance_lengths": {0: [2, 1, 4, 1]},
+                "first_drafts": {0: [labels[3], VOCAB - 2, labels[6], labels[10]]}}
+    rows = confidence_bins(data, replayed, {0: (label_probs, runner_up)})
+    by_low = {row["low"]: row for row in rows}
+    assert sum(row["positions"] for row in rows) == 8  # positions 3..10
+    assert [row["positions"] for row in rows] == [2, 2, 1, 1, 2]  # bins from 0.0 up
+    assert by_low[0.9] == {"low": 0.9, "high": 1.0, "positions": 2, "decode_starts": 2,
+                                "first_draft_right": 2, "first_draft_runner_up": 0}  # anchors 3 and 6
+    assert (by_low[0.0]["decode_starts"], by_low[0.0]["first_draft_runner_up"]) == (1, 1)  # anchor 5 (p=0.2)
+    assert (by_low[0.3]["decode_starts"], by_low[0.3]["first_draft_right"]) == (1, 1)  # anchor 10 (p=0.3)
+    table = format_table(rows)
+    assert table.splitlines()[-1] == "| all | 8 | 4 | 75% | 25% |"
+    assert "| 0.9-1.0 | 25% | 50% (2) | 100% | 0% |" in table
+
+
+@pytest.mark.slow
+def test_diagnose_cli_bins_every_replayed_step(tmp_path, checkpoints, capsys):
+    """End to end on a tiny random target's own answers: the bins hold every verify step of the replay."""
+    from sglang_dflash.random_checkpoints import make_random_drafter
+    from sglang_dflash.targets import TargetModel, load_tokenizer, smollm2_hf_dir
+    from sglang_dflash.train.diagnose import label_confidence, main
+
+    # Tied embeddings, as in SmolLM2: the drafter shares them as its input and LM head.
+    target_dir = checkpoints.target("llama", tokenizer_from=smollm2_hf_dir(), tie_word_embeddings=True)
+    target = TargetModel.from_pretrained(target_dir)
+    assert prepare(tmp_path / "run" / "data", target, load_tokenizer(target_dir), training_prompts(4, seed=2), [1, 2],
+                   shard_size=4, max_new_tokens=12) == 1
+    drafter_dir = make_random_drafter(tmp_path / "drafter", hidden_size=target.hidden_size,
+                                      num_target_layers=target.num_layers, vocab_size=target.vocab_size,
+                                      target_layer_ids=[1, 2], block_size=4)
+    out = tmp_path / "bins.json"
+    assert main(["--drafter", str(drafter_dir), "--run-dir", str(tmp_path / "run"), "--target", str(target_dir),
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    steps = int(printed.split(" verify steps")[0].split()[-1])
+    bins = json.loads(out.read_text())["bins"]
+    assert sum(b["decode_starts"] for b in bins) == steps > 0
+    data = FeatureSet.load(tmp_path / "run" / "data")
+    assert sum(b["positions"] for b in bins) == int((data.lengths - data.prompt_lens - 1).sum())
+    # The labels are this target's greedy tokens, so its probability of each is its largest one.
+    label_probs, runner_up = label_confidence(target, data, 0)
+    start, length = int(data.starts[0]), int(data.lengths[0])
+    logits, _ = target.forward(data.token_ids[start : start + length], torch.arange(length), target.new_cache())
+    assert torch.allclose(label_probs, torch.softmax(logits, -1).amax(-1), atol=1e-6)
+    assert not torch.equal(runner_up, data.labels[start : start + length])

@@ -29,31 +29,35 @@ from .fit import block_hidden, context_keys_values, pack_blocks, pack_context
 
 
 def leading_matches(drafter: DFlashDrafter, embed_weight: torch.Tensor, hidden: torch.Tensor,
-                    labels: torch.Tensor, label_valid: torch.Tensor) -> torch.Tensor:
-    """[S]: 1 + the leading drafts equal to `labels` ([S, K]) from block hiddens `hidden` ([S, K, H]).
+                    labels: torch.Tensor, label_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[S]: 1 + the leading drafts equal to `labels` ([S, K]) from block hiddens `hidden` ([S, K, H]),
+    and [S]: each row's first draft.
 
     The same figure as `fit.acceptance_lengths`, but position k's logits are computed only for the
     rows whose drafts matched up to k: the LM head is most of the cost and most rows stop at k = 1.
     """
     lengths = torch.ones(labels.shape[0], dtype=torch.long, device=labels.device)
     alive = torch.arange(labels.shape[0], device=labels.device)
+    first_drafts = None
     for k in range(labels.shape[1]):
         if alive.numel() == 0:
             break
-        logits = drafter.logits(hidden[alive, k], lambda h: F.linear(h.to(embed_weight.dtype), embed_weight))
-        alive = alive[(logits.argmax(-1) == labels[alive, k]) & label_valid[alive, k]]
+        drafts = drafter.logits(hidden[alive, k], lambda h: F.linear(h.to(embed_weight.dtype), embed_weight)).argmax(-1)
+        first_drafts = drafts if first_drafts is None else first_drafts
+        alive = alive[(drafts == labels[alive, k]) & label_valid[alive, k]]
         lengths[alive] += 1
-    return lengths
+    return lengths, first_drafts
 
 
 @torch.no_grad()
 def replay_acceptance(drafter: DFlashDrafter, embed_weight: torch.Tensor, data: FeatureSet, sequences: list[int],
                       batch_size: int = 16, autocast=nullcontext) -> dict:
     """Greedy decoding of the answers `sequences` replayed with `drafter`: mean acceptance length, histogram,
-    and every answer's acceptance lengths step by step."""
+    and every answer's acceptance lengths and first drafts step by step."""
     block, mask_id = drafter.config.block_size, drafter.config.mask_token_id
     device = embed_weight.device
     per_answer = {s: [] for s in sequences}
+    first_drafts = {s: [] for s in sequences}
     for first in range(0, len(sequences), batch_size):
         chunk = sequences[first : first + batch_size]
         features, context_valid = (t.to(device) for t in pack_context(data, chunk))
@@ -67,12 +71,14 @@ def replay_acceptance(drafter: DFlashDrafter, embed_weight: torch.Tensor, data: 
             with autocast():
                 context_kv = context_kv if context_kv is not None else context_keys_values(drafter, batch)
                 hidden = block_hidden(drafter, embed_weight, batch, context_kv)[:, 1:]
-                lengths = leading_matches(drafter, embed_weight, hidden, batch.labels[:, 0], batch.label_valid[:, 0])
-            for row, length in enumerate(lengths.tolist()):
+                lengths, drafts = leading_matches(drafter, embed_weight, hidden, batch.labels[:, 0],
+                                                  batch.label_valid[:, 0])
+            for row, (length, draft) in enumerate(zip(lengths.tolist(), drafts.tolist())):
                 if anchors[row] >= ends[row]:
                     continue
                 length = min(length, ends[row] - anchors[row])
                 per_answer[chunk[row]].append(length)
+                first_drafts[chunk[row]].append(draft)
                 anchors[row] += length
     lengths = [length for answer in per_answer.values() for length in answer]
     histogram = [0] * (block + 1)
@@ -80,11 +86,23 @@ def replay_acceptance(drafter: DFlashDrafter, embed_weight: torch.Tensor, data: 
         histogram[length] += 1
     return {"answers": len(sequences), "verify_steps": len(lengths), "committed_tokens": sum(lengths),
             "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else 0.0, "histogram": histogram,
-            "acceptance_lengths": per_answer}
+            "acceptance_lengths": per_answer, "first_drafts": first_drafts}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def answer_sequences(data: FeatureSet, run_dir: Path, shards: list[str] | None, limit: int | None) -> list[int]:
+    """The generated answers (at least 2 tokens) of `shards` (None: all), at most `limit`; exits on none."""
+    unknown = set(shards or ()) - set(data.sources or ())
+    if unknown:
+        raise SystemExit(f"shards {sorted(unknown)} are not in {run_dir / 'data'}")
+    sequences = [i for i in range(len(data)) if data.is_generated_answer(i)
+                 and (shards is None or data.sources[i] in shards)
+                 and int(data.lengths[i] - data.prompt_lens[i]) >= 2][:limit]
+    if not sequences:
+        raise SystemExit("no generated answers to replay")
+    return sequences
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", required=True, type=Path, help="an exported drafter directory")
     parser.add_argument("--run-dir", required=True, type=Path, help="a training run whose data/ holds answer features")
     parser.add_argument("--shards", nargs="+", default=None, metavar="SHARD",
@@ -92,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="at most this many answers")
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--batch-size", type=int, default=16)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_replay_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
 
@@ -99,14 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from .fit import shared_embedding
 
     data = FeatureSet.load(args.run_dir / "data", soft_labels=False)
-    unknown = set(args.shards or ()) - set(data.sources or ())
-    if unknown:
-        raise SystemExit(f"shards {sorted(unknown)} are not in {args.run_dir / 'data'}")
-    sequences = [i for i in range(len(data)) if data.is_generated_answer(i)
-                 and (args.shards is None or data.sources[i] in args.shards)
-                 and int(data.lengths[i] - data.prompt_lens[i]) >= 2][: args.limit]
-    if not sequences:
-        raise SystemExit("no generated answers to replay")
+    sequences = answer_sequences(data, args.run_dir, args.shards, args.limit)
     embed_weight = shared_embedding(TargetModel.from_pretrained(args.target, dtype=torch.float32)).float()
     drafter = DFlashDrafter.from_pretrained(args.drafter, dtype=torch.float32).eval()
     result = replay_acceptance(drafter, embed_weight, data, sequences, args.batch_size)
@@ -115,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print("histogram (acceptance length: steps): " + ", ".join(
         f"{length}: {count}" for length, count in enumerate(result["histogram"]) if count))
     if args.out:
+        kept = {key: value for key, value in result.items() if key != "first_drafts"}
         args.out.write_text(json.dumps({"drafter": str(args.drafter), "run_dir": str(args.run_dir),
-                                        "shards": args.shards, **result}, indent=2) + "\n")
+                                        "shards": args.shards, **kept}, indent=2) + "\n")
     return 0
 
 
