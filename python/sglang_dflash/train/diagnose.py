@@ -82,21 +82,14 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..drafter import DFlashDrafter
-    from ..targets import TargetModel
-    from .fit import shared_embedding
-    from .replay import add_replay_arguments, answer_sequences, replay_acceptance
+    from .replay import add_replay_arguments, replay_from_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_replay_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="write the bins as JSON here")
     args = parser.parse_args(argv)
 
-    data = FeatureSet.load(args.run_dir / "data", soft_labels=False)
-    sequences = answer_sequences(data, args.run_dir, args.shards, args.limit)
-    target = TargetModel.from_pretrained(args.target, dtype=torch.float32)
-    drafter = DFlashDrafter.from_pretrained(args.drafter, dtype=torch.float32).eval()
-    replayed = replay_acceptance(drafter, shared_embedding(target).float(), data, sequences, args.batch_size)
+    data, sequences, target, replayed = replay_from_arguments(args)
     confidence = {s: label_confidence(target, data, s) for s in sequences}
     rows = confidence_bins(data, replayed, confidence)
     print(f"{replayed['answers']} answers, {replayed['verify_steps']} verify steps: "

@@ -112,20 +112,25 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_replay_arguments(parser)
-    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = parser.parse_args(argv)
-
+def replay_from_arguments(args: argparse.Namespace):
+    """The replay that `add_replay_arguments` describes: (data, sequences, float32 target, result)."""
     from ..targets import TargetModel
     from .fit import shared_embedding
 
     data = FeatureSet.load(args.run_dir / "data", soft_labels=False)
     sequences = answer_sequences(data, args.run_dir, args.shards, args.limit)
-    embed_weight = shared_embedding(TargetModel.from_pretrained(args.target, dtype=torch.float32)).float()
+    target = TargetModel.from_pretrained(args.target, dtype=torch.float32)
     drafter = DFlashDrafter.from_pretrained(args.drafter, dtype=torch.float32).eval()
-    result = replay_acceptance(drafter, embed_weight, data, sequences, args.batch_size)
+    return data, sequences, target, replay_acceptance(drafter, shared_embedding(target).float(), data, sequences,
+                                                      args.batch_size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_replay_arguments(parser)
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    _, _, _, result = replay_from_arguments(args)
     print(f"{result['answers']} answers, {result['verify_steps']} verify steps, {result['committed_tokens']} tokens: "
           f"mean acceptance length {result['mean_acceptance_length']:.3f}")
     print("histogram (acceptance length: steps): " + ", ".join(
