@@ -13,11 +13,9 @@ random anchors fall) show how decode starts crowd where the target is unsure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from bisect import bisect_right
-from pathlib import Path
 
 import torch
 
@@ -33,7 +31,7 @@ def label_confidence(target, data: FeatureSet, sequence: int) -> tuple[torch.Ten
     start, length = int(data.starts[sequence]), int(data.lengths[sequence])
     ids, labels = data.token_ids[start : start + length], data.labels[start : start + length].long()
     logits, _ = target.forward(ids.to(target.device), torch.arange(length, device=target.device), target.new_cache())
-    probs = torch.softmax(logits.float().cpu(), dim=-1)
+    probs = torch.softmax(logits.cpu(), dim=-1)  # forward's logits are float32
     label_probs = probs.gather(1, labels[:, None])[:, 0]
     others = probs.scatter(1, labels[:, None], -1.0)
     return label_probs, others.argmax(-1)
@@ -46,7 +44,7 @@ def confidence_bins(data: FeatureSet, replayed: dict, confidence: dict[int, tupl
              "first_draft_runner_up": 0} for low, high in zip(BIN_EDGES, BIN_EDGES[1:] + (1.0,))]
 
     def row_of(probability: float) -> dict:
-        return rows[min(bisect_right(BIN_EDGES, probability), len(rows)) - 1]
+        return rows[bisect_right(BIN_EDGES, probability) - 1]  # probabilities lie in [0, 1]
 
     for sequence, lengths in replayed["acceptance_lengths"].items():
         label_probs, runner_up = confidence[sequence]
@@ -82,12 +80,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .replay import add_replay_arguments, replay_from_arguments
+    from .replay import replay_parser, replay_from_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_replay_arguments(parser)
-    parser.add_argument("--out", type=Path, default=None, help="write the bins as JSON here")
-    args = parser.parse_args(argv)
+    args = replay_parser(__doc__, "write the bins as JSON here").parse_args(argv)
 
     data, sequences, target, replayed = replay_from_arguments(args)
     confidence = {s: label_confidence(target, data, s) for s in sequences}

@@ -102,7 +102,9 @@ def answer_sequences(data: FeatureSet, run_dir: Path, shards: list[str] | None, 
     return sequences
 
 
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+def replay_parser(description: str, out_help: str) -> argparse.ArgumentParser:
+    """The command line of a tool built on a replay (this one, `diagnose`): what to replay, and `--out`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True, type=Path, help="an exported drafter directory")
     parser.add_argument("--run-dir", required=True, type=Path, help="a training run whose data/ holds answer features")
     parser.add_argument("--shards", nargs="+", default=None, metavar="SHARD",
@@ -110,10 +112,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most this many answers")
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
+    return parser
 
 
 def replay_from_arguments(args: argparse.Namespace):
-    """The replay that `add_replay_arguments` describes: (data, sequences, float32 target, result)."""
+    """The replay that `replay_parser`'s arguments describe: (data, sequences, float32 target, result)."""
     from ..targets import TargetModel
     from .fit import shared_embedding
 
@@ -126,10 +130,7 @@ def replay_from_arguments(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_replay_arguments(parser)
-    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = parser.parse_args(argv)
+    args = replay_parser(__doc__, "write the result as JSON here").parse_args(argv)
     _, _, _, result = replay_from_arguments(args)
     print(f"{result['answers']} answers, {result['verify_steps']} verify steps, {result['committed_tokens']} tokens: "
           f"mean acceptance length {result['mean_acceptance_length']:.3f}")
